@@ -1,0 +1,68 @@
+package herd
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"strings"
+)
+
+// DefaultPrefix is the namespace of every Redis key herd writes when no
+// prefix is configured.
+const DefaultPrefix = "herd"
+
+// maxPrefixLen bounds the configured prefix so every Redis key stays short.
+const maxPrefixLen = 64
+
+// keyFamily holds the Redis names that belong to one user key. They share
+// one hash tag, so in Redis Cluster they sit in one slot and every script
+// touches a single slot.
+type keyFamily struct {
+	value   string // P:{T}:v  the value envelope
+	lease   string // P:{T}:l  the lease: "<owner>:<fence>"
+	fence   string // P:{T}:f  hash: n = fence counter, r = last released lease
+	record  string // P:{T}:r  FencedStore record: t = highest token, v = value
+	channel string // P:{T}:n  pub/sub channel for wake-ups
+}
+
+// makeKeys maps a user key to its Redis names.
+//
+// The tag T is the unpadded base64url SHA-256 of the key: fixed length (43
+// bytes), no raw user bytes, and no '{' or '}', so no key can choose its
+// slot, split its family across slots, or collide with another key through
+// a delimiter. Distinct keys map to distinct names unless SHA-256 collides.
+// The only invalid key is the empty string.
+func makeKeys(prefix, key string) (keyFamily, error) {
+	if key == "" {
+		return keyFamily{}, fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	sum := sha256.Sum256([]byte(key))
+	var b strings.Builder
+	b.Grow(len(prefix) + 2 + base64.RawURLEncoding.EncodedLen(len(sum)) + 1)
+	b.WriteString(prefix)
+	b.WriteString(":{")
+	b.WriteString(base64.RawURLEncoding.EncodeToString(sum[:]))
+	b.WriteString("}:")
+	base := b.String()
+	return keyFamily{
+		value:   base + "v",
+		lease:   base + "l",
+		fence:   base + "f",
+		record:  base + "r",
+		channel: base + "n",
+	}, nil
+}
+
+// checkPrefix panics when a configured prefix could break the key layout.
+// A prefix is static configuration, so a bad one is a programming error.
+func checkPrefix(prefix string) {
+	if prefix == "" {
+		panic("herd: empty key prefix")
+	}
+	if len(prefix) > maxPrefixLen {
+		panic(fmt.Sprintf("herd: key prefix longer than %d bytes", maxPrefixLen))
+	}
+	if strings.ContainsAny(prefix, "{}") {
+		panic("herd: key prefix must not contain '{' or '}': they would move the Redis Cluster hash slot")
+	}
+}

@@ -1,0 +1,27 @@
+-- ACQUIRE: take the lease if it is free and issue a fencing token.
+-- KEYS[1] lease, KEYS[2] fence hash
+-- ARGV[1] owner (random, 32 hex), ARGV[2] lease ms, ARGV[3] fence ttl ms
+-- Returns {1, fence} (a decimal string) when this owner holds the lease,
+-- {0, holder pttl} otherwise.
+local cur = redis.call('GET', KEYS[1])
+if cur then
+  local mine = ARGV[1] .. ':'
+  if string.sub(cur, 1, #mine) == mine then
+    -- A retry of an acquire that already ran (its reply was lost): the lease
+    -- is ours, with the fence we were given then.
+    return {1, string.sub(cur, #mine + 1)}
+  end
+  return {0, redis.call('PTTL', KEYS[1])}
+end
+if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
+  -- Seed a new counter with the server's clock in microseconds, so a counter
+  -- that expired (or a Redis that restarted empty) never goes backwards.
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[2], 'n', t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
+end
+local fence = string.format('%d', redis.call('HINCRBY', KEYS[2], 'n', 1))
+redis.call('SET', KEYS[1], ARGV[1] .. ':' .. fence, 'PX', ARGV[2])
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+return {1, fence}

@@ -1,0 +1,466 @@
+package herd
+
+import (
+	"context"
+	cryptorand "crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/acquire.lua
+	acquireLua    string
+	acquireScript = redis.NewScript(acquireLua)
+
+	//go:embed scripts/extend.lua
+	extendLua    string
+	extendScript = redis.NewScript(extendLua)
+
+	//go:embed scripts/release.lua
+	releaseLua    string
+	releaseScript = redis.NewScript(releaseLua)
+)
+
+// releasedMsg is published on a key's channel when its lease is released.
+const releasedMsg = "released"
+
+// Locker hands out short leases in Redis: mutual exclusion per key across
+// every process that shares the Redis, with a fencing token per lease.
+//
+// A lease is a Redis key set with SET NX PX to a random 128-bit owner id;
+// acquiring it also increments the key's fence counter, in the same
+// script, and the new value is the lease's fencing token. Extend and
+// Release compare the owner id in a script, so a holder whose lease lapsed
+// can never extend or delete the next holder's lease.
+//
+// A Locker is safe for concurrent use. Its zero value is not usable; call
+// [NewLocker]. Call [Locker.Close] when done to stop its pub/sub
+// connection.
+type Locker struct {
+	rdb    redis.UniversalClient
+	cfg    lockerConfig
+	notify *notifier
+}
+
+// NewLocker returns a Locker that keeps its leases in rdb, which may be a
+// *redis.Client, a *redis.ClusterClient or a failover client. A nil opt
+// means the defaults of [LockerOptions]. It panics on an invalid option.
+func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
+	if rdb == nil {
+		panic("herd: NewLocker with a nil Redis client")
+	}
+	return &Locker{rdb: rdb, cfg: opt.resolve(), notify: newNotifier(rdb)}
+}
+
+// Close stops the Locker's pub/sub connection. Leases already handed out
+// keep working; later calls to Acquire return [ErrClosed].
+func (l *Locker) Close() error {
+	return l.notify.close()
+}
+
+// TryAcquire takes the lease on key for ttl, in one round trip, or fails at
+// once with an error that wraps [ErrLeaseHeld] when another owner holds
+// it. Any string but the empty one is a valid key ([ErrInvalidKey]); ttl
+// must be at least a millisecond ([ErrInvalidTTL]).
+//
+// The lease ends after ttl unless extended ([Lease.Extend],
+// [Lease.KeepAlive]); release it with [Lease.Release] when done.
+//
+// TryAcquire is safe under client retries: if go-redis re-sends the
+// command because the reply was lost after the server ran it, the retry
+// recognises the lease as this caller's and reports it acquired.
+func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
+	keys, err := l.prepare(key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	lease, _, err := l.try(ctx, key, keys, ttl)
+	return lease, err
+}
+
+// Acquire takes the lease on key for ttl, waiting while another owner
+// holds it. The wait is woken by the holder's release (pub/sub), with
+// jittered polling as the fallback for lost notifications and holders
+// whose lease simply expires. It is bounded by ctx and by
+// [LockerOptions.MaxWait]: when ctx ends the error joins [ErrLeaseHeld]
+// and ctx.Err(); when MaxWait runs out it wraps [ErrWaitTimeout] and
+// [ErrLeaseHeld]. A Redis error ends the wait at once and is returned
+// wrapped. Key and ttl are checked as in [Locker.TryAcquire].
+func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
+	keys, err := l.prepare(key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	lease, pttl, err := l.try(ctx, key, keys, ttl)
+	if lease != nil || !errors.Is(err, ErrLeaseHeld) {
+		return lease, err
+	}
+
+	maxWait := l.cfg.maxWait
+	if maxWait == 0 {
+		maxWait = 3 * ttl
+	}
+	limit := time.NewTimer(maxWait)
+	defer limit.Stop()
+
+	// Subscribe before trying again: a release that happens between the
+	// failed try and the subscription is then seen by the next try, and
+	// every later one arrives as a message.
+	var wake <-chan notice
+	sub, live, serr := l.notify.subscribe(ctx, keys.channel)
+	if sub != nil {
+		defer sub.release()
+		wake = sub.C
+	}
+	if errors.Is(serr, ErrClosed) {
+		return nil, serr
+	}
+
+	backoff := l.cfg.pollMin
+	poll := time.NewTimer(0)
+	defer poll.Stop()
+	if !live && serr == nil {
+		// The subscription's confirmation will wake us; until then, poll.
+		poll.Reset(backoff)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
+		case <-limit.C:
+			return nil, fmt.Errorf("%w after %v: %w", ErrWaitTimeout, maxWait, ErrLeaseHeld)
+		case <-wake:
+		case <-poll.C:
+		}
+		lease, pttl, err = l.try(ctx, key, keys, ttl)
+		if lease != nil || !errors.Is(err, ErrLeaseHeld) {
+			return lease, err
+		}
+		wait := jitter(backoff)
+		if pttl > 0 && pttl+time.Millisecond < wait {
+			// The holder's lease ends sooner: look again just after.
+			wait = pttl + time.Millisecond
+		}
+		backoff = min(2*backoff, l.cfg.pollMax)
+		poll.Reset(wait) // Go 1.23+ timers: no stale fire after Reset
+	}
+}
+
+// prepare validates the arguments and maps the key.
+func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
+	if err := checkTTL(ttl); err != nil {
+		return keyFamily{}, err
+	}
+	return makeKeys(l.cfg.prefix, key)
+}
+
+// try runs the ACQUIRE script once. On ErrLeaseHeld it also returns the
+// holder's remaining time (0 when unknown).
+func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*Lease, time.Duration, error) {
+	owner := newOwner()
+	start := time.Now()
+	res, err := acquireScript.Run(ctx, l.rdb, []string{keys.lease, keys.fence},
+		owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()).Slice()
+	if err != nil {
+		return nil, 0, fmt.Errorf("herd: acquire lease %q: %w", key, err)
+	}
+	ok, val, err := parsePair(res)
+	if err != nil {
+		return nil, 0, fmt.Errorf("herd: acquire lease %q: %w", key, err)
+	}
+	if ok != 1 {
+		pttl, _ := strconv.ParseInt(val, 10, 64)
+		return nil, max(time.Duration(pttl)*time.Millisecond, 0), fmt.Errorf("%w: %q", ErrLeaseHeld, key)
+	}
+	token, err := strconv.ParseUint(val, 10, 64)
+	if err != nil {
+		return nil, 0, fmt.Errorf("herd: acquire lease %q: bad fence %q", key, val)
+	}
+	lease := &Lease{
+		locker:   l,
+		key:      key,
+		keys:     keys,
+		value:    owner + ":" + val,
+		token:    token,
+		ttl:      ttl,
+		acquired: start,
+		lost:     make(chan struct{}),
+	}
+	deadline := start.Add(ttl - drift(ttl))
+	if time.Until(deadline) <= 0 {
+		// The reply came too late to be of use: the lease may already have
+		// passed to someone else. Give it back and report it as held.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
+		defer cancel()
+		_ = lease.Release(rctx)
+		return nil, 0, fmt.Errorf("%w: %q: the acquire reply came after the lease's validity", ErrLeaseHeld, key)
+	}
+	lease.deadline = deadline
+	lease.expiry = time.AfterFunc(time.Until(deadline), lease.markLost)
+	return lease, 0, nil
+}
+
+func (l *Locker) fenceTTL(ttl time.Duration) time.Duration {
+	return max(l.cfg.fenceTTL, 2*ttl)
+}
+
+// Lease is one holding of a lease acquired from a [Locker]. Its methods are
+// safe for concurrent use. Release it when the protected work is done.
+type Lease struct {
+	locker   *Locker
+	key      string
+	keys     keyFamily
+	value    string // "<owner>:<fence>", the lease key's value in Redis
+	token    uint64
+	ttl      time.Duration
+	acquired time.Time
+	lost     chan struct{}
+
+	mu       sync.Mutex // guards the fields below
+	deadline time.Time  // local end of validity; Lost closes then
+	expiry   *time.Timer
+	isLost   bool
+	released bool
+	watch    *watchdog
+}
+
+type watchdog struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// Token returns the lease's fencing token. Tokens of one key strictly
+// increase from one lease to the next, across processes, counter expiry
+// and Redis restarts (the counter is seeded from the Redis clock). Pass it
+// to the protected resource, which must reject a token lower than the
+// highest it has seen ([FencedStore] does that for a Redis key).
+func (l *Lease) Token() uint64 { return l.token }
+
+// Key returns the user key the lease was acquired for.
+func (l *Lease) Key() string { return l.key }
+
+// Deadline returns the local time until which the lease is known valid:
+// the acquire or last successful extend was sent before it by the lease
+// length, less an allowance for clock drift.
+func (l *Lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Lost returns a channel that is closed when the lease is known to be
+// lost: its local validity ran out without a successful renewal, an
+// extend found it taken or deleted, or [Lease.KeepAlive] reached its cap.
+// Release does not close it. Once closed, the lease stays lost: stop the
+// protected work and call Release.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// Extend sets the lease's remaining time to ttl, if it is still this
+// owner's. It returns an error wrapping [ErrLeaseLost] when it is not, or
+// once the lease is known lost or released; a Redis error is returned
+// wrapped and leaves the lease as it was (Lost closes when its validity
+// runs out).
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if l == nil {
+		return ErrLeaseLost
+	}
+	if err := checkTTL(ttl); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	gone := l.isLost || l.released
+	l.mu.Unlock()
+	if gone {
+		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
+	}
+	start := time.Now()
+	ok, err := extendScript.Run(ctx, l.locker.rdb, []string{l.keys.lease, l.keys.fence},
+		l.value, ttl.Milliseconds(), l.locker.fenceTTL(ttl).Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("herd: extend lease %q: %w", l.key, err)
+	}
+	if ok != 1 {
+		l.markLost()
+		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
+	}
+	deadline := start.Add(ttl - drift(ttl))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isLost {
+		return fmt.Errorf("%w: %q: validity ran out while extending", ErrLeaseLost, l.key)
+	}
+	l.deadline = deadline
+	l.expiry.Reset(time.Until(deadline))
+	return nil
+}
+
+// KeepAlive starts a watchdog that renews the lease, each time for the
+// length it was acquired with, at a random point between a third and a
+// half of that length, until Release, until the lease is lost, or until
+// maxHold after the acquire. The last renewal before the cap is shortened
+// so that the lease ends at the cap: a stuck holder cannot keep it
+// forever. A maxHold of zero or less means no cap.
+//
+// A Redis error during a renewal is retried until the lease's validity
+// runs out; then [Lease.Lost] is closed. The watchdog goroutine ends with
+// the lease and Release waits for it. Calling KeepAlive again, or after
+// the lease ended, does nothing.
+func (l *Lease) KeepAlive(maxHold time.Duration) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isLost || l.released || l.watch != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &watchdog{ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	l.watch = w
+	var capAt time.Time
+	if maxHold > 0 {
+		capAt = l.acquired.Add(maxHold)
+	}
+	go l.renew(w, capAt)
+}
+
+// renew is the watchdog loop.
+func (l *Lease) renew(w *watchdog, capAt time.Time) {
+	defer close(w.done)
+	timer := time.NewTimer(l.ttl)
+	defer timer.Stop()
+	retry := min(max(l.ttl/20, time.Millisecond), 50*time.Millisecond)
+	for {
+		interval := l.ttl/3 + rand.N(l.ttl/6+1)
+		timer.Reset(interval)
+		select {
+		case <-w.ctx.Done():
+			return
+		case <-l.lost:
+			return
+		case <-timer.C:
+		}
+		ext := l.ttl
+		if !capAt.IsZero() {
+			ext = min(ext, time.Until(capAt))
+			if ext < time.Millisecond {
+				return // at the cap: the lease runs out by itself.
+			}
+		}
+		for {
+			ctx, cancel := context.WithDeadline(w.ctx, l.Deadline())
+			err := l.Extend(ctx, ext)
+			cancel()
+			if err == nil {
+				break
+			}
+			if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrInvalidTTL) || time.Until(l.Deadline()) <= 0 {
+				return
+			}
+			// A transient error: try again while the lease is still valid.
+			timer.Reset(jitter(retry))
+			select {
+			case <-w.ctx.Done():
+				return
+			case <-l.lost:
+				return
+			case <-timer.C:
+			}
+		}
+		if ext < l.ttl {
+			return // the capped, final renewal
+		}
+	}
+}
+
+// Release stops the watchdog, if any, and deletes the lease if it is still
+// this owner's, waking waiters in every process. It returns an error
+// wrapping [ErrLeaseLost] when the lease had already passed to someone
+// else or expired (the other holder's lease is left alone), and a wrapped
+// Redis error when Redis could not be reached. Release is nil-safe, and
+// releasing twice is not an error.
+func (l *Lease) Release(ctx context.Context) error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	l.released = true
+	w := l.watch
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
+	l.mu.Unlock()
+	if w != nil {
+		w.cancel()
+		<-w.done
+	}
+	ok, err := releaseScript.Run(ctx, l.locker.rdb, []string{l.keys.lease, l.keys.fence},
+		l.value, l.keys.channel, releasedMsg).Int()
+	if err != nil {
+		return fmt.Errorf("herd: release lease %q: %w", l.key, err)
+	}
+	if ok != 1 {
+		return fmt.Errorf("%w: %q: it expired or passed to another owner before release", ErrLeaseLost, l.key)
+	}
+	return nil
+}
+
+func (l *Lease) markLost() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.isLost {
+		l.isLost = true
+		close(l.lost)
+		if l.expiry != nil {
+			l.expiry.Stop()
+		}
+	}
+}
+
+// newOwner returns a random 128-bit owner id in hex.
+func newOwner() string {
+	var b [16]byte
+	_, _ = cryptorand.Read(b[:]) // never fails on supported platforms
+	return hex.EncodeToString(b[:])
+}
+
+// drift is the allowance for the difference between the local clock and
+// Redis's expiry: 1% of the lease plus 2ms.
+func drift(ttl time.Duration) time.Duration {
+	return ttl/100 + 2*time.Millisecond
+}
+
+// parsePair reads a script's {status, value} reply.
+func parsePair(res []any) (int64, string, error) {
+	if len(res) != 2 {
+		return 0, "", fmt.Errorf("unexpected script reply %v", res)
+	}
+	ok, isInt := res[0].(int64)
+	if !isInt {
+		return 0, "", fmt.Errorf("unexpected script reply %v", res)
+	}
+	switch v := res[1].(type) {
+	case string:
+		return ok, v, nil
+	case int64:
+		return ok, strconv.FormatInt(v, 10), nil
+	}
+	return 0, "", fmt.Errorf("unexpected script reply %v", res)
+}
+
+// jitter returns d scaled by a random factor in [0.75, 1.25).
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return d*3/4 + rand.N(d/2+1)
+}
