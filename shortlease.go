@@ -141,6 +141,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 		case <-poll.C:
 		}
 		lease, pttl, err = l.try(ctx, key, keys, ttl)
+		if err != nil && ctx.Err() != nil {
+			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
+		}
 		if lease != nil || !errors.Is(err, ErrLeaseHeld) {
 			return lease, err
 		}
@@ -203,8 +206,10 @@ func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.D
 		_ = lease.Release(rctx)
 		return nil, 0, fmt.Errorf("%w: %q: the acquire reply came after the lease's validity", ErrLeaseHeld, key)
 	}
+	lease.mu.Lock() // the timer may fire before the assignment is done
 	lease.deadline = deadline
 	lease.expiry = time.AfterFunc(time.Until(deadline), lease.markLost)
+	lease.mu.Unlock()
 	return lease, 0, nil
 }
 

@@ -1,0 +1,230 @@
+package herd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/herdkit/herd/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// Environment of a re-run worker process.
+const (
+	envAddr     = "HERD_TEST_ADDR"     // redis address
+	envKey      = "HERD_TEST_KEY"      // user key
+	envDuration = "HERD_TEST_DURATION" // how long to run
+	envG        = "HERD_TEST_G"        // goroutines
+)
+
+func init() {
+	workerRoles["mutex"] = mutexWorker
+}
+
+// startWorkers re-runs the test binary n times in the given role with env,
+// and returns a function that waits for all of them and reports failures.
+func startWorkers(t *testing.T, n int, role string, env ...string) (wait func()) {
+	t.Helper()
+	var cmds []*exec.Cmd
+	var outs []*bytes.Buffer
+	for i := range n {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), append(env, workerEnv+"="+role, "HERD_TEST_INSTANCE="+strconv.Itoa(i))...)
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start worker: %v", err)
+		}
+		cmds, outs = append(cmds, cmd), append(outs, &out)
+	}
+	t.Cleanup(func() {
+		for _, c := range cmds {
+			if c.ProcessState == nil {
+				_ = c.Process.Kill()
+				_ = c.Wait()
+			}
+		}
+	})
+	return func() {
+		t.Helper()
+		for i, c := range cmds {
+			if err := c.Wait(); err != nil {
+				t.Errorf("worker %d: %v\n%s", i, err, outs[i])
+			}
+		}
+	}
+}
+
+// TestLeaseMutualExclusionAcrossProcesses: 2 OS processes × 50 goroutines
+// contend for one lease for ~2 s. Every holder marks its critical section
+// in Redis (an INCR that must read 1) and logs (token, start, end). No two
+// holders may overlap and tokens must increase with time.
+func TestLeaseMutualExclusionAcrossProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	const procs, goroutines = 2, 50
+	key := "mutex-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+
+	wait := startWorkers(t, procs, "mutex",
+		envAddr+"="+srv.Addr(), envKey+"="+key, envDuration+"=2s", envG+"="+strconv.Itoa(goroutines))
+	// Start every goroutine of every process at once.
+	waitFor(t, 30*time.Second, "workers to be ready", func() bool {
+		n, _ := rdb.Get(ctx, key+":ready").Int()
+		return n == procs*goroutines
+	})
+	if err := rdb.Set(ctx, key+":go", "1", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	wait()
+
+	if v, _ := rdb.Get(ctx, key+":violations").Int(); v != 0 {
+		t.Errorf("%d holders found another holder inside the critical section", v)
+	}
+	lines, err := rdb.LRange(ctx, key+":log", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	type hold struct {
+		token      uint64
+		start, end int64
+		proc       string
+	}
+	var holds []hold
+	perProc := map[string]int{}
+	for _, ln := range lines {
+		var h hold
+		if _, err := fmt.Sscan(ln, &h.token, &h.start, &h.end, &h.proc); err != nil {
+			t.Fatalf("bad log line %q: %v", ln, err)
+		}
+		holds = append(holds, h)
+		perProc[h.proc]++
+	}
+	if len(holds) < 100 || len(perProc) != procs {
+		t.Fatalf("%d holds from %d processes, want at least 100 from each of %d", len(holds), len(perProc), procs)
+	}
+	slices.SortFunc(holds, func(a, b hold) int { return cmpUint(a.token, b.token) })
+	for i := 1; i < len(holds); i++ {
+		prev, cur := holds[i-1], holds[i]
+		if cur.token == prev.token {
+			t.Fatalf("token %d handed out twice", cur.token)
+		}
+		if cur.start < prev.end {
+			t.Fatalf("holds overlap: token %d [%d, %d] (process %s) and token %d [%d, %d] (process %s)",
+				prev.token, prev.start, prev.end, prev.proc, cur.token, cur.start, cur.end, cur.proc)
+		}
+	}
+	expired, _ := rdb.Get(ctx, key+":expired").Int()
+	if expired > len(holds)/10 {
+		t.Errorf("%d of %d holds outlived their lease: the test did not exercise exclusion", expired, len(holds)+expired)
+	}
+	t.Logf("%d holds without overlap, tokens strictly increasing; per process %v; %d outlived their lease", len(holds), perProc, expired)
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// mutexWorker is the body of one process in the mutual-exclusion test.
+func mutexWorker(ctx context.Context, _ string) error {
+	key := os.Getenv(envKey)
+	dur, err := time.ParseDuration(os.Getenv(envDuration))
+	if err != nil {
+		return err
+	}
+	g, err := strconv.Atoi(os.Getenv(envG))
+	if err != nil {
+		return err
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv(envAddr), PoolSize: g + 10})
+	defer rdb.Close()
+	l := NewLocker(rdb, nil)
+	defer l.Close()
+	proc := strconv.Itoa(os.Getpid())
+
+	var wg sync.WaitGroup
+	errc := make(chan error, g)
+	for range g {
+		wg.Go(func() {
+			if err := rdb.Incr(ctx, key+":ready").Err(); err != nil {
+				errc <- err
+				return
+			}
+			for rdb.Exists(ctx, key+":go").Val() == 0 {
+				time.Sleep(time.Millisecond)
+			}
+			end := time.Now().Add(dur)
+			runCtx, cancel := context.WithDeadline(ctx, end)
+			defer cancel()
+			for time.Now().Before(end) {
+				lease, err := l.Acquire(runCtx, key, 2*time.Second)
+				if errors.Is(err, ErrLeaseHeld) || runCtx.Err() != nil {
+					continue // the wait ran out (MaxWait or the run's end)
+				}
+				if err != nil {
+					errc <- err
+					return
+				}
+				if err := hold(ctx, rdb, key, lease, proc); err != nil {
+					errc <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errc)
+	var errs []error
+	for err := range errc {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// hold is one critical section: mark it in Redis, do a little work, log
+// it, release.
+func hold(ctx context.Context, rdb *redis.Client, key string, lease *Lease, proc string) error {
+	start := time.Now().UnixNano()
+	n, err := rdb.Incr(ctx, key+":holders").Result()
+	if err != nil {
+		return err
+	}
+	if n != 1 {
+		rdb.Incr(ctx, key+":violations")
+	}
+	time.Sleep(time.Duration(rand.N(500)) * time.Microsecond)
+	if err := rdb.Decr(ctx, key+":holders").Err(); err != nil {
+		return err
+	}
+	end := time.Now().UnixNano()
+	if isClosed(lease.Lost()) {
+		// The lease's validity ran out inside the critical section (a
+		// badly overloaded machine): exclusion is not promised for it, so
+		// it is counted apart instead of being checked for overlap.
+		rdb.Incr(ctx, key+":expired")
+		return lease.Release(ctx)
+	}
+	line := strings.Join([]string{
+		strconv.FormatUint(lease.Token(), 10), strconv.FormatInt(start, 10), strconv.FormatInt(end, 10), proc,
+	}, " ")
+	if err := rdb.RPush(ctx, key+":log", line).Err(); err != nil {
+		return err
+	}
+	return lease.Release(ctx)
+}
