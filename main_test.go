@@ -63,7 +63,7 @@ func testKey(t *testing.T) string {
 }
 
 // waitFor polls cond every few milliseconds until it holds or d passes.
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
 	for !cond() {

@@ -457,7 +457,9 @@ func testWokenByRelease(t *testing.T, b backend) {
 }
 
 // waitSubscribed waits until some connection subscribes to channel.
-func waitSubscribed(t *testing.T, b backend, channel string) {
+func waitSubscribed(t *testing.T, b backend, channel string) { waitSubscribedTB(t, b, channel) }
+
+func waitSubscribedTB(t testing.TB, b backend, channel string) {
 	t.Helper()
 	ctx := context.Background()
 	waitFor(t, 5*time.Second, "the waiter's subscription", func() bool {

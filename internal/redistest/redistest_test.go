@@ -24,6 +24,7 @@ func alive(pid int) bool {
 // noRetry makes a client fail fast instead of retrying.
 func noRetry(o *redis.Options) {
 	o.MaxRetries = -1
+	o.DialerRetries = 1
 	o.DialTimeout = time.Second
 	o.ReadTimeout = time.Second
 	o.WriteTimeout = time.Second

@@ -24,6 +24,11 @@ const (
 	portAttempts = 5
 	// pollInterval is the pause between readiness probes.
 	pollInterval = 10 * time.Millisecond
+	// probeTimeout bounds one readiness probe. It is short so that a
+	// process that exits, for example because its port is taken by a
+	// listener that accepts but never answers, is noticed quickly; a
+	// probe that times out is simply repeated.
+	probeTimeout = 200 * time.Millisecond
 
 	logName    = "redis.log"
 	outputName = "redis.out"
@@ -152,6 +157,9 @@ func (s *Server) launchLocked(port int, deadline time.Time) error {
 	}
 	defer out.Close() // the child has its own copy
 
+	// Only what this process writes tells why it failed.
+	logStart := s.logSizes()
+
 	args := []string{
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
@@ -178,7 +186,7 @@ func (s *Server) launchLocked(port int, deadline time.Time) error {
 	s.proc = p
 	s.paused = false
 
-	if err := s.waitReady(p, port, deadline); err != nil {
+	if err := s.waitReady(p, port, logStart, deadline); err != nil {
 		p.signal(syscall.SIGKILL)
 		<-p.done
 		return fmt.Errorf("starting redis-server on port %d: %w\n%s", port, err, s.logTail())
@@ -189,23 +197,23 @@ func (s *Server) launchLocked(port int, deadline time.Time) error {
 // waitReady waits until the process p answers on port. It fails when p
 // exits, when another process answers on the port or when the deadline
 // passes.
-func (s *Server) waitReady(p *process, port int, deadline time.Time) error {
+func (s *Server) waitReady(p *process, port int, logStart map[string]int64, deadline time.Time) error {
 	addr := "127.0.0.1:" + strconv.Itoa(port)
 	var lastErr error
 	for {
 		if p.exited() {
-			if s.logMentions("Address already in use") {
+			if s.logMentions(logStart, "Address already in use") {
 				return fmt.Errorf("%w: redis-server exited: %v", errPortInUse, p.err)
 			}
 			return fmt.Errorf("redis-server exited: %v", p.err)
 		}
-		info, err := commandString(addr, 500*time.Millisecond, "INFO", "server")
+		info, err := commandString(addr, probeTimeout, "INFO", "server")
 		if err == nil {
 			v, _ := infoField(info, "process_id")
 			if pid, _ := strconv.Atoi(v); pid != p.pid() {
 				return fmt.Errorf("%w: a process other than pid %d (pid %q) answers on %s", errPortInUse, p.pid(), v, addr)
 			}
-			if _, err = commandString(addr, 500*time.Millisecond, "PING"); err == nil {
+			if _, err = commandString(addr, probeTimeout, "PING"); err == nil {
 				return nil
 			}
 		}
@@ -348,11 +356,30 @@ func waitState(p *process, stopped bool) error {
 	}
 }
 
-// logMentions reports whether the log or the output of the server contains
-// text.
-func (s *Server) logMentions(text string) bool {
+// logSizes returns the current sizes of the server's log and output files
+// by name, for use with logMentions.
+func (s *Server) logSizes() map[string]int64 {
+	sizes := map[string]int64{}
 	for _, name := range []string{logName, outputName} {
-		if b, err := os.ReadFile(filepath.Join(s.dir, name)); err == nil && strings.Contains(string(b), text) {
+		if fi, err := os.Stat(filepath.Join(s.dir, name)); err == nil {
+			sizes[name] = fi.Size()
+		}
+	}
+	return sizes
+}
+
+// logMentions reports whether the log or the output of the server contains
+// text beyond the offsets in from, as returned by logSizes.
+func (s *Server) logMentions(from map[string]int64, text string) bool {
+	for _, name := range []string{logName, outputName} {
+		b, err := os.ReadFile(filepath.Join(s.dir, name))
+		if err != nil {
+			continue
+		}
+		if off := from[name]; off <= int64(len(b)) {
+			b = b[off:]
+		}
+		if strings.Contains(string(b), text) {
 			return true
 		}
 	}
