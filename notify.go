@@ -8,36 +8,65 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// notifier multiplexes every wake-up channel a Locker (or Cache) listens to
-// over one Redis pub/sub connection, started on first use and stopped by
-// close. Subscriptions are reference-counted per channel: the first
-// subscriber of a channel sends SUBSCRIBE, the last one to leave sends
-// UNSUBSCRIBE. go-redis re-establishes the connection and its channel set
-// after a network error; each (re)subscription confirmation wakes that
-// channel's subscribers, so they re-check whatever a message lost during
-// the outage would have told them.
+// Messages published on a key's channel. The first byte is the kind.
+const (
+	msgReleased = "R" // the lease was released without a value: look again
+	msgValue    = 'V' // followed by the new envelope
+	msgWritten  = "W" // a value was written, too large to send: GET it
+	msgFailed   = 'F' // followed by a failure kind and the error text
+)
+
+// Failure kinds after msgFailed.
+const (
+	failError    = 'e' // the loader returned an error
+	failPanic    = 'p' // the loader panicked
+	failNotFound = 'n' // the loader returned ErrNotFound and negatives are not cached
+)
+
+// notifier multiplexes every wake-up channel a Locker or Cache listens to
+// over one Redis pub/sub connection (one per master with sharded pub/sub
+// on a cluster), started on first use and stopped by close. Subscriptions
+// are reference-counted per channel: the first subscriber of a channel
+// sends SUBSCRIBE, the last one to leave sends UNSUBSCRIBE. go-redis
+// re-establishes a connection and its channel set after a network error;
+// each (re)subscription confirmation wakes that channel's subscribers, so
+// they re-check whatever a message lost during the outage would have told
+// them.
+//
+// On a Redis Cluster of version 7 or later the notifier uses sharded
+// pub/sub (SSUBSCRIBE, and SPUBLISH in the scripts), so a message travels
+// only to the master that owns the key's slot instead of every node.
 //
 // A subscriber never depends on the notifier alone: it also polls, so a
 // lost message, a dead connection or a slow reconnect costs latency, never
 // liveness.
 type notifier struct {
-	rdb redis.UniversalClient
+	rdb     redis.UniversalClient
+	cluster *redis.ClusterClient // nil unless rdb is a cluster client
 
 	// cmdMu serialises SUBSCRIBE/UNSUBSCRIBE decisions with the commands
 	// themselves, so an UNSUBSCRIBE for a channel that was just released
 	// can never overtake the SUBSCRIBE of a newer subscriber.
 	cmdMu sync.Mutex
 
-	mu     sync.Mutex // guards everything below
-	ps     *redis.PubSub
-	done   chan struct{} // closed when the dispatcher has exited
-	closed bool
-	topics map[string]*topic
+	mu      sync.Mutex // guards everything below
+	closed  bool
+	probed  bool // the sharded question is settled
+	sharded bool
+	conns   map[string]*psConn // by master address; "" in plain mode
+	topics  map[string]*topic
+}
+
+// psConn is one pub/sub connection and its dispatcher.
+type psConn struct {
+	ps   *redis.PubSub
+	done chan struct{} // closed when the dispatcher has exited
 }
 
 type topic struct {
 	refs int
 	live bool // the server confirmed the subscription
+	conn *psConn
 	subs map[*subscription]struct{}
 }
 
@@ -58,44 +87,104 @@ type subscription struct {
 }
 
 func newNotifier(rdb redis.UniversalClient) *notifier {
-	return &notifier{rdb: rdb, topics: make(map[string]*topic)}
+	n := &notifier{rdb: rdb, conns: make(map[string]*psConn), topics: make(map[string]*topic)}
+	n.cluster, _ = rdb.(*redis.ClusterClient)
+	return n
+}
+
+// isSharded reports whether sharded pub/sub is in use. Only a cluster
+// client asks the server (once it answers); every process that shares the
+// cluster gets the same answer, so publishers and subscribers agree.
+func (n *notifier) isSharded(ctx context.Context) bool {
+	n.mu.Lock()
+	probed, sharded := n.probed || n.cluster == nil, n.sharded
+	n.mu.Unlock()
+	if probed {
+		return sharded
+	}
+	res, err := n.cluster.Do(ctx, "COMMAND", "INFO", "SPUBLISH").Slice()
+	if err != nil {
+		return false // undecided: ask again next time
+	}
+	sharded = len(res) == 1 && res[0] != nil
+	n.mu.Lock()
+	n.probed, n.sharded = true, sharded
+	n.mu.Unlock()
+	return sharded
+}
+
+// publishCmd is the command the scripts publish with.
+func (n *notifier) publishCmd(ctx context.Context) string {
+	if n.isSharded(ctx) {
+		return "SPUBLISH"
+	}
+	return "PUBLISH"
 }
 
 // subscribe registers a subscriber for channel. live reports whether the
 // server had already confirmed the channel's subscription, in which case
 // every message published from now on reaches C; otherwise the first
-// notice on C is the confirmation. A non-nil error means the SUBSCRIBE
-// could not be sent: the subscription stays registered (go-redis sends it
-// when the connection comes back) and the caller should rely on polling.
-// The caller must call release exactly when it stops listening.
+// notice on C is the confirmation. A non-nil error other than ErrClosed
+// means the SUBSCRIBE could not be sent: the subscription stays registered
+// (go-redis sends it when the connection comes back) and the caller
+// should rely on polling. The caller must call release when it stops
+// listening.
 func (n *notifier) subscribe(ctx context.Context, channel string) (sub *subscription, live bool, err error) {
+	sharded := n.isSharded(ctx)
+	addr := ""
+	if sharded {
+		master, err := n.cluster.MasterForKey(ctx, channel)
+		if err != nil {
+			return nil, false, err
+		}
+		addr = master.Options().Addr
+	}
+
 	n.mu.Lock()
 	if n.closed {
 		n.mu.Unlock()
 		return nil, false, ErrClosed
 	}
-	if n.ps == nil {
-		n.ps = n.rdb.Subscribe(context.WithoutCancel(ctx))
-		n.done = make(chan struct{})
-		go n.dispatch(n.ps.ChannelWithSubscriptions(redis.WithChannelSize(256)), n.done)
-	}
 	t := n.topics[channel]
 	if t == nil {
-		t = &topic{subs: make(map[*subscription]struct{})}
+		conn := n.conns[addr]
+		if conn == nil {
+			conn = n.dial(sharded)
+			n.conns[addr] = conn
+		}
+		t = &topic{conn: conn, subs: make(map[*subscription]struct{})}
 		n.topics[channel] = t
 	}
 	t.refs++
 	sub = &subscription{n: n, channel: channel, C: make(chan notice, 1)}
 	t.subs[sub] = struct{}{}
-	first, live, ps := t.refs == 1, t.live, n.ps
+	first, live, ps := t.refs == 1, t.live, t.conn.ps
 	n.mu.Unlock()
 
 	if first {
 		n.cmdMu.Lock()
-		err = ps.Subscribe(ctx, channel)
+		if sharded {
+			err = ps.SSubscribe(ctx, channel)
+		} else {
+			err = ps.Subscribe(ctx, channel)
+		}
 		n.cmdMu.Unlock()
 	}
 	return sub, live, err
+}
+
+// dial creates a pub/sub connection (lazily connected by go-redis) and
+// starts its dispatcher. n.mu is held.
+func (n *notifier) dial(sharded bool) *psConn {
+	var ps *redis.PubSub
+	if sharded {
+		ps = n.cluster.SSubscribe(context.Background())
+	} else {
+		ps = n.rdb.Subscribe(context.Background())
+	}
+	c := &psConn{ps: ps, done: make(chan struct{})}
+	go n.dispatch(ps.ChannelWithSubscriptions(redis.WithChannelSize(256)), c.done)
+	return c
 }
 
 // release ends the subscription. It is safe to call more than once.
@@ -116,9 +205,9 @@ func (n *notifier) release(s *subscription) {
 	if last {
 		delete(n.topics, s.channel)
 	}
-	ps := n.ps
+	sharded := n.sharded
 	n.mu.Unlock()
-	if !last || ps == nil {
+	if !last {
 		return
 	}
 
@@ -134,7 +223,11 @@ func (n *notifier) release(s *subscription) {
 	defer cancel()
 	// An error leaves an idle channel subscribed until the next reconnect;
 	// its messages find no subscriber and are dropped.
-	_ = ps.Unsubscribe(ctx, s.channel)
+	if sharded {
+		_ = t.conn.ps.SUnsubscribe(ctx, s.channel)
+	} else {
+		_ = t.conn.ps.Unsubscribe(ctx, s.channel)
+	}
 }
 
 // dispatch fans messages out to the subscribers of their channel until the
@@ -146,7 +239,7 @@ func (n *notifier) dispatch(in <-chan any, done chan struct{}) {
 		case *redis.Message:
 			n.deliver(m.Channel, notice{payload: m.Payload}, false)
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
+			if m.Kind == "subscribe" || m.Kind == "ssubscribe" {
 				n.deliver(m.Channel, notice{resub: true}, true)
 			}
 		}
@@ -167,7 +260,8 @@ func (n *notifier) deliver(channel string, nt notice, confirm bool) {
 		select {
 		case s.C <- nt:
 		default:
-			// Replace the unread notice with the newer one.
+			// Replace the unread notice with the newer one. Only deliver
+			// sends, under n.mu, so the second send cannot block.
 			select {
 			case <-s.C:
 			default:
@@ -177,7 +271,7 @@ func (n *notifier) deliver(channel string, nt notice, confirm bool) {
 	}
 }
 
-// close stops the pub/sub connection and waits for the dispatcher.
+// close stops the pub/sub connections and waits for their dispatchers.
 // Subscriptions still registered are dropped; their owners keep polling.
 func (n *notifier) close() error {
 	n.mu.Lock()
@@ -186,12 +280,15 @@ func (n *notifier) close() error {
 		return nil
 	}
 	n.closed = true
-	ps, done := n.ps, n.done
+	conns := n.conns
+	n.conns = nil
 	n.mu.Unlock()
-	if ps == nil {
-		return nil
+	var first error
+	for _, c := range conns {
+		if err := c.ps.Close(); err != nil && first == nil {
+			first = err
+		}
+		<-c.done
 	}
-	err := ps.Close()
-	<-done
-	return err
+	return first
 }

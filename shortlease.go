@@ -29,9 +29,6 @@ var (
 	releaseScript = redis.NewScript(releaseLua)
 )
 
-// releasedMsg is published on a key's channel when its lease is released.
-const releasedMsg = "released"
-
 // Locker hands out short leases in Redis: mutual exclusion per key across
 // every process that shares the Redis, with a fencing token per lease.
 //
@@ -399,17 +396,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	l.released = true
-	w := l.watch
 	if l.expiry != nil {
 		l.expiry.Stop()
 	}
 	l.mu.Unlock()
-	if w != nil {
-		w.cancel()
-		<-w.done
-	}
-	ok, err := releaseScript.Run(ctx, l.locker.rdb, []string{l.keys.lease, l.keys.fence},
-		l.value, l.keys.channel, releasedMsg).Int()
+	l.stopWatchdog()
+	ok, err := l.releaseWith(ctx, msgReleased)
 	if err != nil {
 		return fmt.Errorf("herd: release lease %q: %w", l.key, err)
 	}
@@ -417,6 +409,28 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: %q: it expired or passed to another owner before release", ErrLeaseLost, l.key)
 	}
 	return nil
+}
+
+// releaseWith runs the RELEASE script, publishing msg to the key's waiters
+// when the lease was still ours. It reports 1 when released (now or by an
+// earlier try of the same call) and 0 when the lease was not ours.
+func (l *Lease) releaseWith(ctx context.Context, msg string) (int, error) {
+	n := l.locker.notify
+	return releaseScript.Run(ctx, l.locker.rdb, []string{l.keys.lease, l.keys.fence},
+		l.value, n.publishCmd(ctx), l.keys.channel, msg).Int()
+}
+
+// stopWatchdog stops the KeepAlive goroutine, if any, and waits for it,
+// without releasing the lease.
+func (l *Lease) stopWatchdog() {
+	l.mu.Lock()
+	w := l.watch
+	l.watch = nil
+	l.mu.Unlock()
+	if w != nil {
+		w.cancel()
+		<-w.done
+	}
 }
 
 func (l *Lease) markLost() {

@@ -227,7 +227,7 @@ func testRetriedScripts(t *testing.T, b backend) {
 	value := owner + ":" + fence1
 	release := func() int {
 		t.Helper()
-		n, err := releaseScript.Run(ctx, b.rdb, []string{keys.lease, keys.fence}, value, keys.channel, releasedMsg).Int()
+		n, err := releaseScript.Run(ctx, b.rdb, []string{keys.lease, keys.fence}, value, "PUBLISH", keys.channel, msgReleased).Int()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -466,6 +466,12 @@ func waitSubscribedTB(t testing.TB, b backend, channel string) {
 		var n int64
 		count := func(ctx context.Context, c *redis.Client) error {
 			res, err := c.PubSubNumSub(ctx, channel).Result()
+			n += res[channel]
+			if err != nil {
+				return err
+			}
+			// Sharded subscriptions (cluster) are counted apart.
+			res, err = c.PubSubShardNumSub(ctx, channel).Result()
 			n += res[channel]
 			return err
 		}

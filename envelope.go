@@ -1,0 +1,87 @@
+package herd
+
+import (
+	"encoding/binary"
+	"hash/crc32"
+	"time"
+)
+
+// The envelope is the binary value herd stores at a key's value name. A
+// hit costs one GET because everything needed to decide fresh, stale or
+// early refresh is in it.
+//
+//	offset size field
+//	0      1    version (envelopeVersion)
+//	1      1    flags (flagNegative)
+//	2      8    fence token of the writer, big-endian
+//	10     8    written at, Unix milliseconds
+//	18     8    soft expiry (fresh until), Unix milliseconds
+//	26     4    rebuild duration Δ, microseconds (saturating)
+//	30     4    CRC-32C of every other byte except the fence
+//	34     -    payload
+//
+// The fence is left out of the checksum so that a script can stamp the
+// token it issues into an envelope built by the client (Set does). Any
+// other change of a byte, a truncation or a foreign value is caught by the
+// version and the checksum and read as a miss.
+const (
+	envelopeVersion = 1
+	envelopeHeader  = 34
+
+	flagNegative = 1 << 0
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// envelope is the decoded form.
+type envelope struct {
+	negative  bool
+	fence     uint64
+	writtenAt time.Time
+	softExp   time.Time
+	delta     time.Duration
+	payload   []byte // aliases the decoded buffer
+}
+
+// encode returns the stored form of e.
+func (e *envelope) encode() []byte {
+	b := make([]byte, envelopeHeader+len(e.payload))
+	b[0] = envelopeVersion
+	if e.negative {
+		b[1] = flagNegative
+	}
+	binary.BigEndian.PutUint64(b[2:], e.fence)
+	binary.BigEndian.PutUint64(b[10:], uint64(e.writtenAt.UnixMilli()))
+	binary.BigEndian.PutUint64(b[18:], uint64(e.softExp.UnixMilli()))
+	binary.BigEndian.PutUint32(b[26:], uint32(min(max(e.delta.Microseconds(), 0), 1<<32-1)))
+	copy(b[envelopeHeader:], e.payload)
+	binary.BigEndian.PutUint32(b[30:], envelopeSum(b))
+	return b
+}
+
+// envelopeSum is the checksum of b, an envelope, skipping the fence and the
+// checksum itself.
+func envelopeSum(b []byte) uint32 {
+	sum := crc32.Update(0, castagnoli, b[0:2])
+	sum = crc32.Update(sum, castagnoli, b[10:30])
+	return crc32.Update(sum, castagnoli, b[envelopeHeader:])
+}
+
+// decodeEnvelope parses b. It reports false for anything that is not an
+// intact envelope of this version: such a value is a miss, never a panic.
+func decodeEnvelope(b []byte) (envelope, bool) {
+	if len(b) < envelopeHeader || b[0] != envelopeVersion || b[1]&^flagNegative != 0 {
+		return envelope{}, false
+	}
+	if binary.BigEndian.Uint32(b[30:]) != envelopeSum(b) {
+		return envelope{}, false
+	}
+	return envelope{
+		negative:  b[1]&flagNegative != 0,
+		fence:     binary.BigEndian.Uint64(b[2:]),
+		writtenAt: time.UnixMilli(int64(binary.BigEndian.Uint64(b[10:]))),
+		softExp:   time.UnixMilli(int64(binary.BigEndian.Uint64(b[18:]))),
+		delta:     time.Duration(binary.BigEndian.Uint32(b[26:])) * time.Microsecond,
+		payload:   b[envelopeHeader:],
+	}, true
+}

@@ -1,0 +1,25 @@
+-- COMMIT: write the leader's value only if its fence is still the current
+-- one (no newer lease, no Invalidate, no Set since it acquired), wake the
+-- waiters and release the lease, in one round trip.
+-- KEYS[1] value, KEYS[2] lease, KEYS[3] fence hash
+-- ARGV[1] fence token, ARGV[2] envelope, ARGV[3] value ttl ms,
+-- ARGV[4] lease value, ARGV[5] PUBLISH or SPUBLISH, ARGV[6] channel,
+-- ARGV[7] message when written, ARGV[8] message when fenced
+-- Returns 1 when written, 0 when fenced (nothing written).
+local mine = redis.call('GET', KEYS[2]) == ARGV[4]
+if mine then
+  redis.call('DEL', KEYS[2])
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    redis.call('HSET', KEYS[3], 'r', ARGV[4])
+  end
+end
+if redis.call('HGET', KEYS[3], 'n') ~= ARGV[1] then
+  if mine then
+    -- Our waiters must not wait for a value that will not come.
+    redis.call(ARGV[5], ARGV[6], ARGV[8])
+  end
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+redis.call(ARGV[5], ARGV[6], ARGV[7])
+return 1

@@ -1,0 +1,29 @@
+-- SET: store a value written by Cache.Set, advancing the fence first so
+-- that every rebuild in flight is fenced, and wake the waiters.
+-- KEYS[1] value, KEYS[2] fence hash
+-- ARGV[1] envelope (its fence bytes are stamped here), ARGV[2] value ttl ms,
+-- ARGV[3] fence ttl ms, ARGV[4] PUBLISH or SPUBLISH, ARGV[5] channel,
+-- ARGV[6] largest envelope sent inline in the message
+-- Returns the new fence (a decimal string).
+if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[2], 'n', t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
+end
+local n = redis.call('HINCRBY', KEYS[2], 'n', 1)
+if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
+  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+end
+-- Stamp the fence, big-endian, into bytes 3..10 (exact below 2^53).
+local f, be = n, ''
+for _ = 1, 8 do
+  be = string.char(f % 256) .. be
+  f = math.floor(f / 256)
+end
+local env = string.sub(ARGV[1], 1, 2) .. be .. string.sub(ARGV[1], 11)
+redis.call('SET', KEYS[1], env, 'PX', ARGV[2])
+if #env <= tonumber(ARGV[6]) then
+  redis.call(ARGV[4], ARGV[5], 'V' .. env)
+else
+  redis.call(ARGV[4], ARGV[5], 'W')
+end
+return string.format('%d', n)
