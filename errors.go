@@ -1,6 +1,9 @@
 package herd
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Sentinel errors. Compare with [errors.Is]: herd wraps them with context
 // (the key, the Redis error) and sometimes joins them with a context error.
@@ -35,10 +38,59 @@ var (
 	// awaited event happened.
 	ErrWaitTimeout = errors.New("herd: wait timed out")
 
-	// ErrNotFound is returned by [FencedStore.Get] when no value is stored
-	// under the key.
+	// ErrNotFound means "no such value". A loader returns it (possibly
+	// wrapped) to say the source has no value for the key: the Cache then
+	// stores a negative entry for [Options.NegativeTTL], and Get, Fetch and
+	// every waiter return ErrNotFound without calling the source again
+	// until it expires. [FencedStore.Get] returns it for an absent record.
 	ErrNotFound = errors.New("herd: not found")
 
-	// ErrClosed is returned by calls made on a [Locker] after its Close.
+	// ErrNilLoader is returned, at once, by [Cache.Get] and [Fetch] when
+	// the loader is nil.
+	ErrNilLoader = errors.New("herd: nil loader")
+
+	// ErrLoadFailed wraps every loader failure a Cache reports: the error
+	// the loader returned, a [*PanicError], or, for callers in other
+	// processes that waited on the failed rebuild, the leader's error text.
+	// Use [errors.Is] for the class and errors.As or errors.Is for the
+	// loader's own error (in the leader's process).
+	ErrLoadFailed = errors.New("herd: load failed")
+
+	// ErrValueTooLarge is returned by [Cache.Set], and by Get when the
+	// loader returns a value, above [Options.MaxValueBytes]. Such a value
+	// is never stored.
+	ErrValueTooLarge = errors.New("herd: value too large")
+
+	// ErrUnavailable wraps the Redis error a Cache with
+	// [Options.FailClosed] returns when Redis cannot be reached or its
+	// circuit breaker is open. Without FailClosed the Cache fails open and
+	// loads locally instead.
+	ErrUnavailable = errors.New("herd: redis unavailable")
+
+	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
+	// its Close.
 	ErrClosed = errors.New("herd: closed")
 )
+
+// PanicError is the error every caller of a flight gets when its loader
+// panicked (wrapped in [ErrLoadFailed]; get it with errors.As). The panic
+// is recovered: the process does not crash, and the key's lease is
+// released at once.
+type PanicError struct {
+	Value any    // the value passed to panic
+	Stack []byte // the loader goroutine's stack at the panic
+}
+
+func (p *PanicError) Error() string {
+	return fmt.Sprintf("herd: loader panicked: %v\n\n%s", p.Value, p.Stack)
+}
+
+// Unwrap returns the panic value when it is an error, so errors.Is sees
+// through a panic(err).
+func (p *PanicError) Unwrap() error {
+	err, _ := p.Value.(error)
+	return err
+}
+
+// errGoexit is reported when a loader calls runtime.Goexit.
+var errGoexit = errors.New("herd: loader called runtime.Goexit")

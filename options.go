@@ -2,6 +2,7 @@ package herd
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 )
 
@@ -88,4 +89,180 @@ func checkTTL(ttl time.Duration) error {
 		return fmt.Errorf("%w: %v (must be at least 1ms)", ErrInvalidTTL, ttl)
 	}
 	return nil
+}
+
+// Fallback says what a caller that waited its whole wait budget for
+// another process's rebuild does next.
+type Fallback int
+
+const (
+	// LoadLocally runs the loader in this process, without writing the
+	// result (this process holds no lease, so it cannot fence the write):
+	// nginx's proxy_cache_lock_timeout behaviour. It is the default.
+	LoadLocally Fallback = iota
+	// ServeStale returns the previous value if one is still in Redis and
+	// [ErrWaitTimeout] otherwise.
+	ServeStale
+	// ReturnError returns [ErrWaitTimeout].
+	ReturnError
+)
+
+// Options configures a [Cache]. A nil *Options, and every zero field,
+// means the documented default. Invalid values make [New] panic.
+type Options struct {
+	// Prefix namespaces every Redis key and channel, as in
+	// [LockerOptions.Prefix]. Default: "herd".
+	Prefix string
+
+	// LoadTimeout bounds one run of a loader. The loader's context is
+	// detached from every caller's (one caller's cancellation never fails
+	// the others) and ends after LoadTimeout or MaxHold, whichever is
+	// shorter, or on Close. Default: 10s.
+	LoadTimeout time.Duration
+
+	// MaxHold caps how long the watchdog keeps a rebuilding leader's lease
+	// alive. Default: LoadTimeout.
+	MaxHold time.Duration
+
+	// WaitTimeout is a follower's wait budget: how long a caller waits for
+	// another process's rebuild before Fallback applies. Every caller also
+	// leaves when its own context ends. Default: twice the key's current
+	// lease length (see LeaseFactor).
+	WaitTimeout time.Duration
+
+	// Fallback applies when a follower's wait budget is spent. Default:
+	// LoadLocally.
+	Fallback Fallback
+
+	// NotifyMaxBytes is the largest envelope sent inside the wake-up
+	// message, saving followers a GET. Larger values are announced with a
+	// marker and fetched. Default: 16 KiB; negative: never inline.
+	NotifyMaxBytes int
+
+	// MaxValueBytes is the largest value the Cache stores. A loader
+	// result or Set above it gets [ErrValueTooLarge]. Default: 4 MiB.
+	MaxValueBytes int
+
+	// NegativeTTL is how long a loader's [ErrNotFound] is remembered.
+	// Default: 10s. Negative: not remembered (but still shared with the
+	// callers waiting on that rebuild).
+	NegativeTTL time.Duration
+
+	// TTLJitter spreads expiries: each write's time-to-live is shortened
+	// by a random fraction of up to TTLJitter of it. It must be in
+	// [0, 1). Default: 0.
+	TTLJitter float64
+
+	// MaxLocalLoads bounds the loaders this process runs at once outside
+	// a lease: while Redis is unreachable (fail-open) and for the
+	// LoadLocally fallback. Callers beyond it wait for a slot. Default: 32.
+	MaxLocalLoads int
+
+	// FailClosed makes Get return an error wrapping [ErrUnavailable] when
+	// Redis cannot be reached, instead of failing open to local loads.
+	FailClosed bool
+
+	// BreakerThreshold is the number of consecutive Redis errors that open
+	// the circuit: while it is open the Cache does not call Redis at all,
+	// and every BreakerCooldown one call probes whether it is back.
+	// Defaults: 5 and 1s.
+	BreakerThreshold int
+	BreakerCooldown  time.Duration
+
+	// Lease length calibration: a key's lease is LeaseFactor × the p99 of
+	// its measured rebuild times (also learned from other processes'
+	// rebuilds), clamped to [MinLease, MaxLease]; DefaultLease while
+	// nothing is known. The watchdog renews it while the rebuild runs.
+	// Defaults: 2, 250ms, 30s, 1s.
+	LeaseFactor                     float64
+	MinLease, MaxLease, DefaultLease time.Duration
+
+	// KeyClass groups keys for calibration (for example "user:*"), so a
+	// key inherits the rebuild statistics of its class. Default: every key
+	// is its own class (the number of tracked classes is bounded).
+	KeyClass func(key string) string
+
+	// PollMin and PollMax bound a follower's polling, the fallback when a
+	// wake-up message is lost or pub/sub is down. Defaults: 10ms, 250ms.
+	PollMin, PollMax time.Duration
+
+	// Codec encodes the values of [Fetch]. Default: JSON.
+	Codec Codec
+
+	// Logger receives failures the caller does not see (a failed write
+	// behind a returned value, a breaker opening). Default: silent.
+	Logger *slog.Logger
+}
+
+// cacheConfig is Options with every default applied.
+type cacheConfig struct {
+	Options
+	calib calibration
+}
+
+func (o *Options) resolve() cacheConfig {
+	var c cacheConfig
+	if o != nil {
+		c.Options = *o
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	checkPrefix(c.Prefix)
+	for name, d := range map[string]time.Duration{
+		"LoadTimeout": c.LoadTimeout, "MaxHold": c.MaxHold, "WaitTimeout": c.WaitTimeout,
+		"BreakerCooldown": c.BreakerCooldown, "MinLease": c.MinLease, "MaxLease": c.MaxLease,
+		"DefaultLease": c.DefaultLease, "PollMin": c.PollMin, "PollMax": c.PollMax,
+	} {
+		if d < 0 {
+			panic(fmt.Sprintf("herd: Options.%s is negative (%v)", name, d))
+		}
+	}
+	for name, n := range map[string]int{
+		"MaxValueBytes": c.MaxValueBytes, "MaxLocalLoads": c.MaxLocalLoads, "BreakerThreshold": c.BreakerThreshold,
+	} {
+		if n < 0 {
+			panic(fmt.Sprintf("herd: Options.%s is negative (%d)", name, n))
+		}
+	}
+	if !(c.TTLJitter >= 0 && c.TTLJitter < 1) {
+		panic(fmt.Sprintf("herd: Options.TTLJitter %v is outside [0, 1)", c.TTLJitter))
+	}
+	if c.Fallback < LoadLocally || c.Fallback > ReturnError {
+		panic(fmt.Sprintf("herd: unknown Options.Fallback %d", c.Fallback))
+	}
+	setDefault(&c.LoadTimeout, 10*time.Second)
+	setDefault(&c.MaxHold, c.LoadTimeout)
+	setDefault(&c.BreakerCooldown, time.Second)
+	setDefault(&c.PollMin, 10*time.Millisecond)
+	setDefault(&c.PollMax, 250*time.Millisecond)
+	setDefault(&c.NegativeTTL, 10*time.Second)
+	setDefault(&c.DefaultLease, time.Second)
+	setDefault(&c.MinLease, min(250*time.Millisecond, c.DefaultLease))
+	setDefault(&c.MaxLease, max(30*time.Second, c.DefaultLease))
+	setDefault(&c.MaxValueBytes, 4<<20)
+	setDefault(&c.MaxLocalLoads, 32)
+	setDefault(&c.BreakerThreshold, 5)
+	if c.NotifyMaxBytes == 0 {
+		c.NotifyMaxBytes = 16 << 10
+	}
+	if c.PollMax < c.PollMin {
+		panic(fmt.Sprintf("herd: Options.PollMax (%v) is below PollMin (%v)", c.PollMax, c.PollMin))
+	}
+	if c.Codec == nil {
+		c.Codec = JSON{}
+	}
+	if c.KeyClass == nil {
+		c.KeyClass = func(key string) string { return key }
+	}
+	c.calib = calibration{Factor: c.LeaseFactor, Min: c.MinLease, Max: c.MaxLease, Default: c.DefaultLease}
+	newCalibrator(c.calib) // panics on an invalid combination
+	return c
+}
+
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
 }

@@ -1,0 +1,86 @@
+package herd
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// breaker is the Cache's circuit breaker on Redis. After threshold
+// consecutive infrastructure errors it opens: flights skip Redis for
+// cooldown, then one flight probes; its success closes the breaker, its
+// failure opens it for another cooldown.
+type breaker struct {
+	threshold int
+	cooldown  time.Duration
+
+	mu        sync.Mutex
+	fails     int
+	openUntil time.Time
+	probing   bool
+}
+
+// errBreakerOpen is the cause reported while the breaker is open.
+var errBreakerOpen = errors.New("herd: circuit breaker open after repeated Redis errors")
+
+// allow reports whether a flight may call Redis now.
+func (b *breaker) allow() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.fails < b.threshold {
+		return true
+	}
+	if b.probing || time.Now().Before(b.openUntil) {
+		return false
+	}
+	b.probing = true // this flight is the probe
+	return true
+}
+
+func (b *breaker) success() {
+	b.mu.Lock()
+	b.fails, b.probing = 0, false
+	b.mu.Unlock()
+}
+
+// failure records an infrastructure error and reports whether it opened
+// the breaker.
+func (b *breaker) failure() (opened bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fails++
+	if b.probing || b.fails == b.threshold {
+		b.openUntil = time.Now().Add(b.cooldown)
+		opened = !b.probing
+	}
+	b.probing = false
+	return opened
+}
+
+// isInfraError tells an unreachable or unhealthy Redis from an answer:
+// redis.Nil and ordinary error replies (WRONGTYPE, a script error) are
+// answers; network errors, timeouts and replies that mean the server
+// cannot serve right now are infrastructure errors.
+func isInfraError(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) {
+		return false
+	}
+	if errors.Is(err, context.Canceled) {
+		return false // our own Close, not Redis
+	}
+	var re redis.Error
+	if errors.As(err, &re) {
+		msg := re.Error()
+		for _, p := range []string{"LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY"} {
+			if strings.HasPrefix(msg, p) {
+				return true
+			}
+		}
+		return false
+	}
+	return true
+}

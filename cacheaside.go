@@ -1,0 +1,292 @@
+package herd
+
+import (
+	"bytes"
+	"context"
+	_ "embed"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
+)
+
+var (
+	//go:embed scripts/commit.lua
+	commitLua    string
+	commitScript = redis.NewScript(commitLua)
+
+	//go:embed scripts/set.lua
+	setLua    string
+	setScript = redis.NewScript(setLua)
+
+	//go:embed scripts/invalidate.lua
+	invalidateLua    string
+	invalidateScript = redis.NewScript(invalidateLua)
+)
+
+// LoadFunc loads the value of a key from the source of truth. Its context
+// belongs to no caller: it ends after [Options.LoadTimeout] or on
+// [Cache.Close]. Return [ErrNotFound] (possibly wrapped) when the source
+// has no value, to cache a negative entry.
+type LoadFunc func(ctx context.Context) ([]byte, error)
+
+// Cache is a cache-aside helper that lets one caller in the whole cluster
+// rebuild a missing key while the others wait for its value.
+//
+// Callers of a key in one process share one flight; across processes a
+// short lease in Redis picks one leader, which runs the loader and writes
+// the value, the wake-up and the lease release in one script. The others
+// are woken by a pub/sub message that usually carries the value itself.
+// See the package documentation for the guarantees and failure modes.
+//
+// A Cache is safe for concurrent use. Call [Cache.Close] to stop its
+// goroutines and its pub/sub connection.
+type Cache struct {
+	rdb    redis.UniversalClient
+	cfg    cacheConfig
+	locker *Locker
+	notify *notifier
+	calib  *calibrator
+	group  singleflight.Group
+	local  chan struct{} // semaphore of MaxLocalLoads
+	brk    breaker
+	stats  counters
+
+	ctx    context.Context // ends on Close; parent of all shared work
+	cancel context.CancelFunc
+	mu     sync.RWMutex // guards closed against flights starting
+	closed bool
+	wg     sync.WaitGroup // running flights
+}
+
+// New returns a Cache on rdb: a *redis.Client, a *redis.ClusterClient or a
+// failover client. A nil opt means the defaults of [Options]. It panics on
+// a nil client or an invalid option.
+//
+// Bound every Redis call with the client's own ReadTimeout and
+// WriteTimeout (or ContextTimeoutEnabled): the Cache relies on them to
+// notice a slow or vanished Redis.
+func New(rdb redis.UniversalClient, opt *Options) *Cache {
+	if rdb == nil {
+		panic("herd: New with a nil Redis client")
+	}
+	cfg := opt.resolve()
+	locker := NewLocker(rdb, &LockerOptions{Prefix: cfg.Prefix, PollMin: cfg.PollMin, PollMax: cfg.PollMax})
+	c := &Cache{
+		rdb:    rdb,
+		cfg:    cfg,
+		locker: locker,
+		notify: locker.notify,
+		calib:  newCalibrator(cfg.calib),
+		local:  make(chan struct{}, cfg.MaxLocalLoads),
+		brk:    breaker{threshold: cfg.BreakerThreshold, cooldown: cfg.BreakerCooldown},
+	}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	return c
+}
+
+// Get returns the value of key, calling load to build it when it is
+// missing. Only one caller in the whole cluster runs load for a missing
+// key at a time; the others get its value. The value is stored for ttl.
+//
+// Get returns at once with an error for an empty key ([ErrInvalidKey]), a
+// ttl under a millisecond ([ErrInvalidTTL]: herd does not coalesce without
+// storing) or a nil load ([ErrNilLoader]). It returns ctx.Err() when ctx
+// ends first; the rebuild goes on for the other callers. A loader error
+// or panic reaches every caller of that rebuild wrapped in
+// [ErrLoadFailed]; [ErrNotFound] from the loader is returned as is and
+// remembered for [Options.NegativeTTL]. A value over
+// [Options.MaxValueBytes] is [ErrValueTooLarge]. When Redis is
+// unreachable Get loads locally, or with [Options.FailClosed] returns
+// [ErrUnavailable]. The returned slice is the caller's own.
+func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load LoadFunc) ([]byte, error) {
+	if load == nil {
+		return nil, ErrNilLoader
+	}
+	if err := checkTTL(ttl); err != nil {
+		return nil, err
+	}
+	keys, err := makeKeys(c.cfg.Prefix, key)
+	if err != nil {
+		return nil, err
+	}
+	ch := c.group.DoChan(key, func() (any, error) {
+		c.mu.RLock()
+		if c.closed {
+			c.mu.RUnlock()
+			return nil, ErrClosed
+		}
+		c.wg.Add(1)
+		c.mu.RUnlock()
+		defer c.wg.Done()
+		return c.flight(&flight{key: key, keys: keys, ttl: ttl, load: load})
+	})
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		val := r.Val.([]byte)
+		if r.Shared {
+			// Every caller of a shared flight gets its own copy; nobody
+			// gets the original, so no caller sees another's writes.
+			val = bytes.Clone(val)
+		}
+		return val, nil
+	}
+}
+
+// Fetch is [Cache.Get] for a typed value, encoded with [Options.Codec]
+// (JSON by default). Errors are those of Get, plus a wrapped codec error
+// when the value cannot be encoded or the stored bytes cannot be decoded
+// into T.
+func Fetch[T any](ctx context.Context, c *Cache, key string, ttl time.Duration, load func(context.Context) (T, error)) (T, error) {
+	var zero T
+	if load == nil {
+		return zero, ErrNilLoader
+	}
+	b, err := c.Get(ctx, key, ttl, func(ctx context.Context) ([]byte, error) {
+		v, err := load(ctx)
+		if err != nil {
+			return nil, err
+		}
+		b, err := c.cfg.Codec.Marshal(v)
+		if err != nil {
+			return nil, fmt.Errorf("herd: encode %q: %w", key, err)
+		}
+		return b, nil
+	})
+	if err != nil {
+		return zero, err
+	}
+	var v T
+	if err := c.cfg.Codec.Unmarshal(b, &v); err != nil {
+		return zero, fmt.Errorf("herd: decode %q: %w", key, err)
+	}
+	return v, nil
+}
+
+// Set stores val under key for ttl, in one round trip. It advances the
+// key's fence first, so a rebuild that started before Set can never
+// overwrite val, and wakes callers waiting on the key. Errors: those of
+// Get's arguments, [ErrValueTooLarge], or the wrapped Redis error.
+func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
+	if err := checkTTL(ttl); err != nil {
+		return err
+	}
+	if len(val) > c.cfg.MaxValueBytes {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
+	}
+	keys, err := makeKeys(c.cfg.Prefix, key)
+	if err != nil {
+		return err
+	}
+	ttl = c.jitter(ttl)
+	now := time.Now()
+	env := (&envelope{writtenAt: now, softExp: now.Add(ttl), payload: val}).encode()
+	err = setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence},
+		env, ttl.Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
+		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes).Err()
+	if err != nil {
+		return fmt.Errorf("herd: set %q: %w", key, err)
+	}
+	return nil
+}
+
+// Invalidate deletes key's value and advances its fence, in one round
+// trip: a rebuild in flight when Invalidate runs cannot write its value
+// afterwards (the stale-set race that memcache leases close); the next Get
+// loads again. Errors: [ErrInvalidKey] or the wrapped Redis error.
+func (c *Cache) Invalidate(ctx context.Context, key string) error {
+	keys, err := makeKeys(c.cfg.Prefix, key)
+	if err != nil {
+		return err
+	}
+	err = invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence},
+		c.fenceTTL(time.Hour).Milliseconds()).Err()
+	if err != nil {
+		return fmt.Errorf("herd: invalidate %q: %w", key, err)
+	}
+	return nil
+}
+
+// Close cancels the rebuilds in flight (their loaders' contexts end), waits
+// for them, and stops the pub/sub connection. Later calls return
+// [ErrClosed]. Close is idempotent. It does not close the Redis client.
+func (c *Cache) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	c.mu.Unlock()
+	c.cancel()
+	c.wg.Wait()
+	return c.locker.Close()
+}
+
+// Stats returns the Cache's counters since New.
+func (c *Cache) Stats() Stats { return c.stats.snapshot() }
+
+// jitter shortens ttl by up to TTLJitter of it.
+func (c *Cache) jitter(ttl time.Duration) time.Duration {
+	if c.cfg.TTLJitter == 0 {
+		return ttl
+	}
+	cut := time.Duration(float64(ttl) * c.cfg.TTLJitter * rand.Float64())
+	return max(ttl-cut, time.Millisecond)
+}
+
+func (c *Cache) fenceTTL(ttl time.Duration) time.Duration { return c.locker.fenceTTL(ttl) }
+
+func (c *Cache) log(level slog.Level, msg string, args ...any) {
+	if c.cfg.Logger != nil {
+		c.cfg.Logger.Log(context.Background(), level, msg, args...)
+	}
+}
+
+// Stats are a Cache's counters. Every field counts events since New.
+type Stats struct {
+	Hits         uint64 // a fresh value was in Redis
+	NegativeHits uint64 // a remembered ErrNotFound was in Redis
+	Misses       uint64 // no usable value: a rebuild was needed
+	Corrupt      uint64 // bytes at a value key that are not an intact envelope (read as a miss)
+	Loads        uint64 // loader runs under a lease (origin calls by a leader)
+	LocalLoads   uint64 // loader runs without a lease (fail-open or fallback)
+	LoadErrors   uint64 // loader runs that failed or panicked
+	Leads        uint64 // flights that won the lease
+	Follows      uint64 // flights that waited on another process's rebuild
+	Takeovers    uint64 // followers that won the lease after the leader released or lapsed
+	Notified     uint64 // waits ended by a wake-up message
+	Polled       uint64 // polls made while waiting
+	WaitTimeouts uint64 // waits that spent their budget (Fallback applied)
+	Fenced       uint64 // commits rejected because the fence moved on (duplicate or stale rebuild)
+	CommitErrors uint64 // commits that failed on a Redis error (the value was still returned)
+	FailOpen     uint64 // flights that loaded locally because Redis was unreachable
+	BreakerOpens uint64 // times the circuit breaker opened
+}
+
+type counters struct {
+	hits, negativeHits, misses, corrupt, loads, localLoads, loadErrors atomic.Uint64
+	leads, follows, takeovers, notified, polled, waitTimeouts, fenced  atomic.Uint64
+	commitErrors, failOpen, breakerOpens                               atomic.Uint64
+}
+
+func (s *counters) snapshot() Stats {
+	return Stats{
+		Hits: s.hits.Load(), NegativeHits: s.negativeHits.Load(), Misses: s.misses.Load(),
+		Corrupt: s.corrupt.Load(), Loads: s.loads.Load(), LocalLoads: s.localLoads.Load(),
+		LoadErrors: s.loadErrors.Load(), Leads: s.leads.Load(), Follows: s.follows.Load(),
+		Takeovers: s.takeovers.Load(), Notified: s.notified.Load(), Polled: s.polled.Load(),
+		WaitTimeouts: s.waitTimeouts.Load(), Fenced: s.fenced.Load(), CommitErrors: s.commitErrors.Load(),
+		FailOpen: s.failOpen.Load(), BreakerOpens: s.breakerOpens.Load(),
+	}
+}

@@ -1,0 +1,433 @@
+package herd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"time"
+)
+
+// The two-tier flight. Get puts the callers of a key in one process into
+// one flight (singleflight.DoChan; each caller leaves on its own context).
+// The flight reads the value, and on a miss takes the key's lease: the
+// winner leads (loads and commits), the others follow (wait for the
+// leader's wake-up message). Everything here runs detached from callers,
+// under c.ctx, which only Close cancels.
+
+// flight is one rebuild attempt for a key in this process.
+type flight struct {
+	key  string
+	keys keyFamily
+	ttl  time.Duration
+	load LoadFunc
+}
+
+// maxFailText bounds the error text a leader publishes to followers.
+const maxFailText = 1024
+
+// flight runs the flight and returns the value ([]byte) or the error every
+// local caller gets.
+func (c *Cache) flight(f *flight) (val any, err error) {
+	defer func() {
+		// The loader's panics are recovered in runLoader; this is for
+		// herd's own bugs, which must not crash the process either (x/sync
+		// re-panics in a goroutine when a DoChan caller waits).
+		if r := recover(); r != nil {
+			val, err = nil, fmt.Errorf("%w: %w", ErrLoadFailed, &PanicError{Value: r, Stack: debug.Stack()})
+		}
+	}()
+	if !c.brk.allow() {
+		return c.redisDown(f, errBreakerOpen)
+	}
+	env, ok, err := c.read(f)
+	if err != nil {
+		return c.redisDown(f, err)
+	}
+	if ok {
+		if v, err, done := c.served(env); done {
+			return v, err
+		}
+	}
+	c.stats.misses.Add(1)
+	lease, pttl, err := c.locker.try(c.ctx, f.key, f.keys, c.leaseFor(f.key))
+	switch {
+	case lease != nil:
+		return c.lead(f, lease)
+	case errors.Is(err, ErrLeaseHeld):
+		return c.follow(f, pttl)
+	default:
+		return c.redisDown(f, err)
+	}
+}
+
+// read GETs and decodes the key's envelope. ok is false on a miss,
+// including bytes that are not an intact envelope (counted as corrupt).
+// err is an infrastructure error, already recorded by the breaker.
+func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
+	b, err := c.rdb.Get(c.ctx, f.keys.value).Bytes()
+	if err != nil && isInfraError(err) {
+		c.redisFailed(err)
+		return envelope{}, false, err
+	}
+	c.brk.success()
+	if err != nil {
+		return envelope{}, false, nil // redis.Nil or a wrong-type reply: a miss
+	}
+	env, ok = decodeEnvelope(b)
+	if !ok {
+		c.stats.corrupt.Add(1)
+		c.log(slog.LevelWarn, "herd: value in Redis is not an intact envelope; treating it as a miss", "key", f.key, "bytes", len(b))
+	}
+	return env, ok, nil
+}
+
+// served decides whether env answers the flight: a fresh value or a fresh
+// negative entry. done is false when the envelope is expired.
+func (c *Cache) served(env envelope) (val any, err error, done bool) {
+	if !time.Now().Before(env.softExp) {
+		return nil, nil, false
+	}
+	if env.negative {
+		c.stats.negativeHits.Add(1)
+		return nil, ErrNotFound, true
+	}
+	c.stats.hits.Add(1)
+	return env.payload, nil, true
+}
+
+// leaseFor is the lease length for a rebuild of key.
+func (c *Cache) leaseFor(key string) time.Duration {
+	return c.calib.Lease(c.cfg.KeyClass(key))
+}
+
+// lead runs the loader under the lease, then commits: value, wake-up and
+// release in one script. A failure releases the lease at once and tells
+// the followers, so they do not wait out the lease.
+func (c *Cache) lead(f *flight, lease *Lease) (any, error) {
+	c.stats.leads.Add(1)
+	lease.KeepAlive(c.cfg.MaxHold)
+	start := time.Now()
+	val, err := c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold))
+	delta := time.Since(start)
+	lease.finish()
+	c.stats.loads.Add(1)
+	c.calib.Observe(c.cfg.KeyClass(f.key), delta)
+
+	if err == nil && len(val) > c.cfg.MaxValueBytes {
+		err = fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
+	}
+	notFound := errors.Is(err, ErrNotFound)
+	switch {
+	case err == nil:
+		ttl := c.jitter(f.ttl)
+		now := time.Now()
+		c.commit(f, lease, &envelope{fence: lease.token, writtenAt: now, softExp: now.Add(ttl), delta: delta, payload: val}, ttl)
+		return val, nil
+	case notFound && c.cfg.NegativeTTL > 0:
+		now := time.Now()
+		c.commit(f, lease, &envelope{negative: true, fence: lease.token, writtenAt: now, softExp: now.Add(c.cfg.NegativeTTL), delta: delta}, c.cfg.NegativeTTL)
+		return nil, ErrNotFound
+	}
+
+	kind := byte(failError)
+	var pe *PanicError
+	switch {
+	case notFound:
+		kind = failNotFound
+	case errors.As(err, &pe):
+		kind = failPanic
+	}
+	if !notFound {
+		c.stats.loadErrors.Add(1)
+		err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
+	}
+	text := err.Error()
+	if len(text) > maxFailText {
+		text = text[:maxFailText]
+	}
+	if _, rerr := lease.releaseWith(c.ctx, string([]byte{msgFailed, kind})+text); rerr != nil {
+		c.redisFailed(rerr)
+		c.log(slog.LevelWarn, "herd: could not release the lease after a failed load; followers wait for it to expire", "key", f.key, "err", rerr)
+	}
+	if notFound {
+		return nil, ErrNotFound
+	}
+	return nil, err
+}
+
+// commit runs the COMMIT script. The value goes to the local callers
+// whatever happens here: a fenced or failed commit only means it is not
+// stored.
+func (c *Cache) commit(f *flight, lease *Lease, env *envelope, ttl time.Duration) {
+	b := env.encode()
+	msg := msgWritten
+	if len(b) <= c.cfg.NotifyMaxBytes {
+		msg = string(msgValue) + string(b)
+	}
+	ok, err := commitScript.Run(c.ctx, c.rdb, []string{f.keys.value, f.keys.lease, f.keys.fence},
+		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
+		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased).Int()
+	switch {
+	case err != nil:
+		c.stats.commitErrors.Add(1)
+		c.redisFailed(err)
+		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
+	case ok == 0:
+		c.stats.fenced.Add(1)
+		c.log(slog.LevelInfo, "herd: commit fenced: a newer lease, Set or Invalidate came first; value not stored", "key", f.key, "fence", lease.token)
+	}
+}
+
+// follow waits for another process's rebuild of the key: subscribe, look
+// again (the value may have landed before the subscription), then wait for
+// the wake-up message, a poll, or the budget.
+func (c *Cache) follow(f *flight, pttl time.Duration) (any, error) {
+	c.stats.follows.Add(1)
+	sub, _, serr := c.notify.subscribe(c.ctx, f.keys.channel)
+	if errors.Is(serr, ErrClosed) {
+		return nil, ErrClosed
+	}
+	var wake <-chan notice
+	if sub != nil {
+		defer sub.release()
+		wake = sub.C
+	}
+	notified := serr == nil // pub/sub works (or will once confirmed)
+
+	if v, err, done, p := c.check(f); done {
+		return v, err
+	} else if p > 0 {
+		pttl = p
+	}
+
+	budget := c.cfg.WaitTimeout
+	if budget == 0 {
+		budget = 2 * c.leaseFor(f.key)
+	}
+	limit := time.NewTimer(budget)
+	defer limit.Stop()
+
+	// With pub/sub, polling is a safety net: look when the holder's lease
+	// would run out (to take over a dead leader) and every PollMax.
+	// Without it, poll from the expected rebuild time with backoff.
+	backoff := c.cfg.PollMax
+	if !notified {
+		est, _ := c.calib.P99(c.cfg.KeyClass(f.key))
+		backoff = min(max(est/2, c.cfg.PollMin), c.cfg.PollMax)
+	}
+	next := func() time.Duration {
+		d := jitter(backoff)
+		if pttl > 0 && pttl+time.Millisecond < d {
+			d = pttl + time.Millisecond
+		}
+		if !notified {
+			backoff = min(2*backoff, c.cfg.PollMax)
+		}
+		return d
+	}
+	poll := time.NewTimer(next())
+	defer poll.Stop()
+
+	for {
+		select {
+		case <-c.ctx.Done():
+			return nil, ErrClosed
+		case <-limit.C:
+			c.stats.waitTimeouts.Add(1)
+			return c.fallback(f, budget)
+		case nt := <-wake:
+			if v, err, done := c.onNotice(f, nt); done {
+				c.stats.notified.Add(1)
+				return v, err
+			}
+		case <-poll.C:
+			c.stats.polled.Add(1)
+		}
+		v, err, done, p := c.check(f)
+		if done {
+			return v, err
+		}
+		pttl = p
+		poll.Reset(next())
+	}
+}
+
+// onNotice handles a wake-up message. done is false when the follower
+// should look at Redis itself (a confirmation, a release without value, a
+// value too large to send, or one it cannot decode).
+func (c *Cache) onNotice(f *flight, nt notice) (val any, err error, done bool) {
+	if nt.resub || nt.payload == "" {
+		return nil, nil, false
+	}
+	switch nt.payload[0] {
+	case msgValue:
+		env, ok := decodeEnvelope([]byte(nt.payload[1:]))
+		if !ok {
+			return nil, nil, false
+		}
+		c.calib.Observe(c.cfg.KeyClass(f.key), env.delta)
+		if env.negative {
+			return nil, ErrNotFound, true
+		}
+		return env.payload, nil, true
+	case msgFailed:
+		if len(nt.payload) >= 2 && nt.payload[1] == failNotFound {
+			return nil, ErrNotFound, true
+		}
+		text := ""
+		if len(nt.payload) > 2 {
+			text = nt.payload[2:]
+		}
+		return nil, fmt.Errorf("%w: %q: the rebuilding process reported: %s", ErrLoadFailed, f.key, text), true
+	}
+	return nil, nil, false
+}
+
+// check looks at Redis: a usable value ends the wait; a free lease is
+// taken and this process leads (a takeover). Otherwise it returns the
+// holder's remaining lease time. Infrastructure errors are recorded and
+// the wait goes on (the budget bounds it).
+func (c *Cache) check(f *flight) (val any, err error, done bool, pttl time.Duration) {
+	env, ok, rerr := c.read(f)
+	if rerr != nil {
+		return nil, nil, false, 0
+	}
+	if ok {
+		if v, err, done := c.served(env); done {
+			return v, err, true, 0
+		}
+	}
+	lease, pttl, lerr := c.locker.try(c.ctx, f.key, f.keys, c.leaseFor(f.key))
+	if lease != nil {
+		c.stats.takeovers.Add(1)
+		v, err := c.lead(f, lease)
+		return v, err, true, 0
+	}
+	if lerr != nil && !errors.Is(lerr, ErrLeaseHeld) {
+		c.redisFailed(lerr)
+	}
+	return nil, nil, false, pttl
+}
+
+// fallback applies Options.Fallback after a follower spent its budget.
+func (c *Cache) fallback(f *flight, budget time.Duration) (any, error) {
+	timeout := fmt.Errorf("%w: %q: no value after waiting %v for another process's rebuild", ErrWaitTimeout, f.key, budget)
+	switch c.cfg.Fallback {
+	case ReturnError:
+		return nil, timeout
+	case ServeStale:
+		b, err := c.rdb.Get(c.ctx, f.keys.value).Bytes()
+		if err == nil {
+			if env, ok := decodeEnvelope(b); ok {
+				if env.negative {
+					return nil, ErrNotFound
+				}
+				return env.payload, nil
+			}
+		}
+		return nil, timeout
+	}
+	return c.loadLocal(f)
+}
+
+// redisDown handles a flight that cannot use Redis.
+func (c *Cache) redisDown(f *flight, cause error) (any, error) {
+	if c.cfg.FailClosed {
+		return nil, fmt.Errorf("%w: %w", ErrUnavailable, cause)
+	}
+	c.stats.failOpen.Add(1)
+	return c.loadLocal(f)
+}
+
+// redisFailed records an infrastructure error with the breaker.
+func (c *Cache) redisFailed(err error) {
+	if !isInfraError(err) {
+		return
+	}
+	if c.brk.failure() {
+		c.stats.breakerOpens.Add(1)
+		c.log(slog.LevelWarn, "herd: circuit breaker opened: loading locally until Redis answers again", "err", err)
+	}
+}
+
+// loadLocal runs the loader without a lease and without storing the
+// result, bounded by MaxLocalLoads concurrent runs in this process.
+func (c *Cache) loadLocal(f *flight) (any, error) {
+	wait := time.NewTimer(c.cfg.LoadTimeout)
+	defer wait.Stop()
+	select {
+	case c.local <- struct{}{}:
+		defer func() { <-c.local }()
+	case <-wait.C:
+		return nil, fmt.Errorf("%w: %q: no local load slot within %v (MaxLocalLoads %d)", ErrWaitTimeout, f.key, c.cfg.LoadTimeout, c.cfg.MaxLocalLoads)
+	case <-c.ctx.Done():
+		return nil, ErrClosed
+	}
+	c.stats.localLoads.Add(1)
+	val, err := c.runLoader(f.load, c.cfg.LoadTimeout)
+	switch {
+	case err == nil && len(val) > c.cfg.MaxValueBytes:
+		return nil, fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
+	case errors.Is(err, ErrNotFound):
+		return nil, ErrNotFound
+	case err != nil:
+		c.stats.loadErrors.Add(1)
+		return nil, fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
+	}
+	return val, nil
+}
+
+// runLoader runs load in its own goroutine under a detached context with
+// the given timeout. A panic becomes a *PanicError and runtime.Goexit an
+// error; neither reaches singleflight (which would crash the process or
+// leave DoChan callers hanging). A loader that ignores its context is
+// abandoned at the timeout; its goroutine ends when it returns.
+func (c *Cache) runLoader(load LoadFunc, timeout time.Duration) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+	defer cancel()
+	type outcome struct {
+		val []byte
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		var o outcome
+		normal := false
+		defer func() {
+			if !normal {
+				if r := recover(); r != nil {
+					o.err = &PanicError{Value: r, Stack: debug.Stack()}
+				} else {
+					o.err = errGoexit
+				}
+			}
+			done <- o
+		}()
+		o.val, o.err = load(ctx)
+		normal = true
+	}()
+	select {
+	case o := <-done:
+		return o.val, o.err
+	case <-ctx.Done():
+		if c.ctx.Err() != nil {
+			return nil, ErrClosed
+		}
+		return nil, fmt.Errorf("herd: the loader did not return within %v: %w", timeout, ctx.Err())
+	}
+}
+
+// finish ends the leader's local bookkeeping of a lease that a script is
+// about to release: the watchdog stops and the expiry timer is disarmed.
+func (l *Lease) finish() {
+	l.stopWatchdog()
+	l.mu.Lock()
+	l.released = true
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
+	l.mu.Unlock()
+}
