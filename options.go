@@ -174,7 +174,7 @@ type Options struct {
 	// rebuilds), clamped to [MinLease, MaxLease]; DefaultLease while
 	// nothing is known. The watchdog renews it while the rebuild runs.
 	// Defaults: 2, 250ms, 30s, 1s.
-	LeaseFactor                     float64
+	LeaseFactor                      float64
 	MinLease, MaxLease, DefaultLease time.Duration
 
 	// KeyClass groups keys for calibration (for example "user:*"), so a
