@@ -165,24 +165,40 @@ func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
 // try runs the ACQUIRE script once. On ErrLeaseHeld it also returns the
 // holder's remaining time (0 when unknown).
 func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*Lease, time.Duration, error) {
+	lease, pttl, _, err := l.attempt(ctx, key, keys, ttl, false)
+	return lease, pttl, err
+}
+
+// attempt is try for the Cache: with ifNoValue it does not acquire when
+// the key's value name holds a value, and returns that value instead (with
+// a nil lease and a nil error), closing the race in which a rebuild
+// commits between a caller's GET and its ACQUIRE.
+func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, ifNoValue bool) (*Lease, time.Duration, []byte, error) {
 	owner := newOwner()
 	start := time.Now()
-	res, err := acquireScript.Run(ctx, l.rdb, []string{keys.lease, keys.fence},
+	names := []string{keys.lease, keys.fence}
+	if ifNoValue {
+		names = append(names, keys.value)
+	}
+	res, err := acquireScript.Run(ctx, l.rdb, names,
 		owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()).Slice()
 	if err != nil {
-		return nil, 0, fmt.Errorf("herd: acquire lease %q: %w", key, err)
+		return nil, 0, nil, fmt.Errorf("herd: acquire lease %q: %w", key, err)
 	}
 	ok, val, err := parsePair(res)
 	if err != nil {
-		return nil, 0, fmt.Errorf("herd: acquire lease %q: %w", key, err)
+		return nil, 0, nil, fmt.Errorf("herd: acquire lease %q: %w", key, err)
 	}
-	if ok != 1 {
+	switch ok {
+	case 2:
+		return nil, 0, []byte(val), nil
+	case 0:
 		pttl, _ := strconv.ParseInt(val, 10, 64)
-		return nil, max(time.Duration(pttl)*time.Millisecond, 0), fmt.Errorf("%w: %q", ErrLeaseHeld, key)
+		return nil, max(time.Duration(pttl)*time.Millisecond, 0), nil, fmt.Errorf("%w: %q", ErrLeaseHeld, key)
 	}
 	token, err := strconv.ParseUint(val, 10, 64)
 	if err != nil {
-		return nil, 0, fmt.Errorf("herd: acquire lease %q: bad fence %q", key, val)
+		return nil, 0, nil, fmt.Errorf("herd: acquire lease %q: bad fence %q", key, val)
 	}
 	lease := &Lease{
 		locker:   l,
@@ -201,13 +217,13 @@ func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.D
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 		defer cancel()
 		_ = lease.Release(rctx)
-		return nil, 0, fmt.Errorf("%w: %q: the acquire reply came after the lease's validity", ErrLeaseHeld, key)
+		return nil, 0, nil, fmt.Errorf("%w: %q: the acquire reply came after the lease's validity", ErrLeaseHeld, key)
 	}
 	lease.mu.Lock() // the timer may fire before the assignment is done
 	lease.deadline = deadline
 	lease.expiry = time.AfterFunc(time.Until(deadline), lease.markLost)
 	lease.mu.Unlock()
-	return lease, 0, nil
+	return lease, 0, nil, nil
 }
 
 func (l *Locker) fenceTTL(ttl time.Duration) time.Duration {

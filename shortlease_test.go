@@ -457,9 +457,11 @@ func testWokenByRelease(t *testing.T, b backend) {
 }
 
 // waitSubscribed waits until some connection subscribes to channel.
-func waitSubscribed(t *testing.T, b backend, channel string) { waitSubscribedTB(t, b, channel) }
+func waitSubscribed(t *testing.T, b backend, channel string) { waitSubscribedTB(t, b, channel, 1) }
 
-func waitSubscribedTB(t testing.TB, b backend, channel string) {
+// waitSubscribedTB waits until at least want connections subscribe to
+// channel.
+func waitSubscribedTB(t testing.TB, b backend, channel string, want int64) {
 	t.Helper()
 	ctx := context.Background()
 	waitFor(t, 5*time.Second, "the waiter's subscription", func() bool {
@@ -485,7 +487,7 @@ func waitSubscribedTB(t testing.TB, b backend, channel string) {
 		} else {
 			_ = count(ctx, b.rdb.(*redis.Client))
 		}
-		return n > 0
+		return n >= want
 	})
 }
 

@@ -52,8 +52,10 @@ func (c *Cache) flight(f *flight) (val any, err error) {
 		}
 	}
 	c.stats.misses.Add(1)
-	lease, pttl, err := c.locker.try(c.ctx, f.key, f.keys, c.leaseFor(f.key))
+	lease, v, err, done, pttl := c.acquire(f)
 	switch {
+	case done:
+		return v, err
 	case lease != nil:
 		return c.lead(f, lease)
 	case errors.Is(err, ErrLeaseHeld):
@@ -61,6 +63,27 @@ func (c *Cache) flight(f *flight) (val any, err error) {
 	default:
 		return c.redisDown(f, err)
 	}
+}
+
+// acquire takes the key's lease, unless a usable value landed since the
+// flight looked (then done is set and val, err are the answer). On
+// ErrLeaseHeld pttl is the holder's remaining time.
+func (c *Cache) acquire(f *flight) (lease *Lease, val any, err error, done bool, pttl time.Duration) {
+	ttl := c.leaseFor(f.key)
+	lease, pttl, b, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, true)
+	if err == nil && lease == nil {
+		if env, ok := decodeEnvelope(b); ok {
+			if v, err, done := c.served(env); done {
+				return nil, v, err, true, 0
+			}
+		}
+		// An expired or unreadable value is there: rebuild over it.
+		lease, pttl, err = c.locker.try(c.ctx, f.key, f.keys, ttl)
+	}
+	if err != nil && !errors.Is(err, ErrLeaseHeld) {
+		c.redisFailed(err)
+	}
+	return lease, nil, err, false, pttl
 }
 
 // read GETs and decodes the key's envelope. ok is false on a miss,
@@ -300,14 +323,14 @@ func (c *Cache) check(f *flight) (val any, err error, done bool, pttl time.Durat
 			return v, err, true, 0
 		}
 	}
-	lease, pttl, lerr := c.locker.try(c.ctx, f.key, f.keys, c.leaseFor(f.key))
-	if lease != nil {
+	lease, v, err, done, pttl := c.acquire(f)
+	switch {
+	case done:
+		return v, err, true, 0
+	case lease != nil:
 		c.stats.takeovers.Add(1)
 		v, err := c.lead(f, lease)
 		return v, err, true, 0
-	}
-	if lerr != nil && !errors.Is(lerr, ErrLeaseHeld) {
-		c.redisFailed(lerr)
 	}
 	return nil, nil, false, pttl
 }

@@ -1,7 +1,9 @@
 -- ACQUIRE: take the lease if it is free and issue a fencing token.
--- KEYS[1] lease, KEYS[2] fence hash
+-- KEYS[1] lease, KEYS[2] fence hash, optional KEYS[3] value
 -- ARGV[1] owner (random, 32 hex), ARGV[2] lease ms, ARGV[3] fence ttl ms
 -- Returns {1, fence} (a decimal string) when this owner holds the lease,
+-- {2, value} when KEYS[3] is given and holds a value (a rebuild that
+-- committed since the caller looked: nothing to acquire), and
 -- {0, holder pttl} otherwise.
 local cur = redis.call('GET', KEYS[1])
 if cur then
@@ -11,6 +13,15 @@ if cur then
     -- is ours, with the fence we were given then.
     return {1, string.sub(cur, #mine + 1)}
   end
+end
+if KEYS[3] then
+  -- pcall: a foreign value of another type is not ours to report.
+  local v = redis.pcall('GET', KEYS[3])
+  if type(v) == 'string' then
+    return {2, v}
+  end
+end
+if cur then
   return {0, redis.call('PTTL', KEYS[1])}
 end
 if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
