@@ -155,6 +155,12 @@ func (c *Cache) lead(f *flight, lease *Lease) (any, error) {
 		return nil, ErrNotFound
 	}
 
+	if errors.Is(err, ErrClosed) {
+		// This process is shutting down: hand the rebuild to another
+		// process at once instead of failing its waiters.
+		c.releaseDetached(f, lease, msgReleased)
+		return nil, ErrClosed
+	}
 	kind := byte(failError)
 	var pe *PanicError
 	switch {
@@ -171,14 +177,23 @@ func (c *Cache) lead(f *flight, lease *Lease) (any, error) {
 	if len(text) > maxFailText {
 		text = text[:maxFailText]
 	}
-	if _, rerr := lease.releaseWith(c.ctx, string([]byte{msgFailed, kind})+text); rerr != nil {
-		c.redisFailed(rerr)
-		c.log(slog.LevelWarn, "herd: could not release the lease after a failed load; followers wait for it to expire", "key", f.key, "err", rerr)
-	}
+	c.releaseDetached(f, lease, string([]byte{msgFailed, kind})+text)
 	if notFound {
 		return nil, ErrNotFound
 	}
 	return nil, err
+}
+
+// releaseDetached releases the lease after a load that produced no value,
+// waking the followers with msg. It runs even while Close cancels c.ctx,
+// bounded by its own timeout.
+func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), time.Second)
+	defer cancel()
+	if _, err := lease.releaseWith(ctx, msg); err != nil {
+		c.redisFailed(err)
+		c.log(slog.LevelWarn, "herd: could not release the lease after a load without value; followers wait for it to expire", "key", f.key, "err", err)
+	}
 }
 
 // commit runs the COMMIT script. The value goes to the local callers

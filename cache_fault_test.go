@@ -1,0 +1,229 @@
+package herd
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/herdkit/herd/internal/redistest"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+)
+
+// shortTimeouts makes a client notice a dead or paused Redis quickly.
+func shortTimeouts(o *redis.Options) {
+	o.DialTimeout = 200 * time.Millisecond
+	o.ReadTimeout = 200 * time.Millisecond
+	o.WriteTimeout = 200 * time.Millisecond
+	o.MaxRetries = -1
+}
+
+// D13: Redis down is not an outage. The Cache fails open to local loads,
+// one per key per process, and recovers by itself when Redis is back.
+func TestCacheRedisDownFailOpen(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, shortTimeouts)
+	c := newTestCache(t, rdb, &Options{BreakerThreshold: 2, BreakerCooldown: 100 * time.Millisecond})
+	ctx := context.Background()
+	var calls atomic.Int64
+	slow := func(context.Context) ([]byte, error) {
+		calls.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		return []byte("v"), nil
+	}
+
+	srv.Stop(t)
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			v, err := c.Get(ctx, "down", time.Minute, slow)
+			if err != nil || string(v) != "v" {
+				t.Errorf("Get with Redis down = (%q, %v), want a local load", v, err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := calls.Load(); n < 1 || n > 2 {
+		// 20 callers share one local flight; a second one can start only
+		// if the first finished before the last caller arrived.
+		t.Errorf("origin calls with Redis down = %d, want 1 (local coalescing)", n)
+	}
+	// Many keys with Redis down: the breaker opens and flights skip Redis.
+	for i := range 5 {
+		if _, err := c.Get(ctx, "down-"+string(rune('a'+i)), time.Minute, slow); err != nil {
+			t.Errorf("Get: %v", err)
+		}
+	}
+	s := c.Stats()
+	if s.FailOpen == 0 || s.BreakerOpens == 0 {
+		t.Errorf("Stats = %+v, want fail-open loads and an opened breaker", s)
+	}
+
+	srv.Restart(t)
+	// The same Cache recovers: after the cooldown a probe closes the
+	// breaker and values are stored again.
+	waitFor(t, 5*time.Second, "the cache to store values again", func() bool {
+		_, err := c.Get(ctx, "back", time.Minute, slow)
+		return err == nil && rdb.Exists(ctx, mustKeys(t, "back").value).Val() == 1
+	})
+	before := calls.Load()
+	for range 3 {
+		if v, err := c.Get(ctx, "back", time.Minute, slow); err != nil || string(v) != "v" {
+			t.Errorf("Get after recovery = (%q, %v)", v, err)
+		}
+	}
+	if calls.Load() != before {
+		t.Errorf("hits after recovery called the origin %d times", calls.Load()-before)
+	}
+}
+
+// FailClosed returns ErrUnavailable within the client's timeouts.
+func TestCacheRedisDownFailClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, shortTimeouts)
+	c := newTestCache(t, rdb, &Options{FailClosed: true})
+	srv.Stop(t)
+	var calls atomic.Int64
+	start := time.Now()
+	_, err := c.Get(context.Background(), "k", time.Minute, constLoader(&calls, "v"))
+	if !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Get with Redis down and FailClosed: got %v, want ErrUnavailable", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("FailClosed error after %v, want within the client's timeouts", d)
+	}
+	if calls.Load() != 0 {
+		t.Errorf("the loader ran with FailClosed")
+	}
+}
+
+// D13: a paused (unresponsive) Redis: callers return within the client's
+// read timeout plus the load.
+func TestCacheRedisPaused(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t, shortTimeouts)
+	c := newTestCache(t, rdb, nil)
+	srv.Pause(t)
+	defer srv.Resume(t)
+	var calls atomic.Int64
+	start := time.Now()
+	v, err := c.Get(context.Background(), "k", time.Minute, constLoader(&calls, "v"))
+	if err != nil || string(v) != "v" {
+		t.Errorf("Get with Redis paused = (%q, %v), want a local load", v, err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("Get took %v with Redis paused, want about the 200ms read timeout", d)
+	}
+}
+
+// Followers still get the value when their pub/sub connection is killed
+// while they wait: go-redis reconnects and resubscribes, and the
+// confirmation makes them look again (or their poll does).
+func TestCachePubSubKilled(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	key := "pubsub-killed"
+	g := newGatedLoader("value")
+	leader := newTestCache(t, srv.Client(t), nil)
+	go leader.Get(ctx, key, time.Minute, g.load)
+	g.waitEntered(t)
+
+	const n = 3
+	res := make(chan []byte, n)
+	var followers []*Cache
+	for range n {
+		f := newTestCache(t, srv.Client(t), &Options{WaitTimeout: 30 * time.Second})
+		followers = append(followers, f)
+		go func() {
+			v, _ := f.Get(ctx, key, time.Minute, g.load)
+			res <- v
+		}()
+	}
+	b := backend{name: "redis", rdb: admin}
+	waitSubscribedTB(t, b, mustKeys(t, key).channel, n)
+	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
+	if err != nil || killed < n {
+		t.Fatalf("CLIENT KILL TYPE pubsub killed %d (%v), want %d", killed, err, n)
+	}
+	close(g.gate)
+	for range n {
+		select {
+		case v := <-res:
+			if string(v) != "value" {
+				t.Errorf("follower got %q, want %q", v, "value")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("a follower did not get the value after its pub/sub connection was killed")
+		}
+	}
+	if calls := g.calls.Load(); calls != 1 {
+		t.Errorf("origin calls = %d, want 1", calls)
+	}
+}
+
+// Close stops every goroutine the Cache started, including a rebuild in
+// flight (its loader's context ends), and later calls get ErrClosed.
+func TestCacheClose(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	baseline := goleak.IgnoreCurrent()
+	c := New(rdb, nil)
+	ctx := context.Background()
+	var calls atomic.Int64
+	if _, err := c.Get(ctx, "warm", time.Minute, constLoader(&calls, "v")); err != nil {
+		t.Fatal(err)
+	}
+	// A follower keeps the pub/sub connection busy; a leader is loading.
+	g := newGatedLoader("never")
+	leaderErr := make(chan error, 1)
+	go func() {
+		_, err := c.Get(ctx, "inflight", time.Minute, g.load)
+		leaderErr <- err
+	}()
+	g.waitEntered(t)
+	other := New(rdb, nil)
+	followerErr := make(chan error, 1)
+	go func() {
+		_, err := other.Get(ctx, "inflight", time.Minute, g.load)
+		followerErr <- err
+	}()
+	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return other.Stats().Follows == 1 })
+
+	if err := c.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := <-leaderErr; err == nil {
+		t.Errorf("the in-flight Get returned no error after Close")
+	}
+	if got := g.ctxErr.Load(); got != context.Canceled.Error() {
+		t.Errorf("loader ctx.Err() after Close = %v, want context canceled", got)
+	}
+	if _, err := c.Get(ctx, "after", time.Minute, constLoader(&calls, "v")); !errors.Is(err, ErrClosed) {
+		t.Errorf("Get after Close: got %v, want ErrClosed", err)
+	}
+	if err := c.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+	// The closed leader handed its lease back, so the other cache takes
+	// over at once and loads.
+	close(g.gate)
+	select {
+	case err := <-followerErr:
+		if err != nil {
+			t.Errorf("the other cache's follower: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the other cache's follower did not finish")
+	}
+	if s := other.Stats(); s.Takeovers != 1 {
+		t.Errorf("other cache Stats.Takeovers = %d, want 1", s.Takeovers)
+	}
+	if err := other.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	goleak.VerifyNone(t, baseline)
+}
