@@ -227,3 +227,108 @@ func TestCacheClose(t *testing.T) {
 	}
 	goleak.VerifyNone(t, baseline)
 }
+
+// D04: a leader that dies without releasing blocks the key for its lease
+// and no longer: a waiting caller takes over and loads.
+func TestCacheTakeoverFromDeadLeader(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	const lease = 400 * time.Millisecond
+	key := "dead-leader"
+	// The dead leader: it took the lease and will never commit or release.
+	dead := NewLocker(rdb, nil)
+	defer dead.Close()
+	corpse, err := dead.TryAcquire(ctx, key, lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	corpse.expiry.Stop()
+	start := time.Now()
+	c := newTestCache(t, rdb, &Options{WaitTimeout: 10 * lease})
+	var calls atomic.Int64
+	v, err := c.Get(ctx, key, time.Minute, constLoader(&calls, "rebuilt"))
+	if err != nil || string(v) != "rebuilt" {
+		t.Fatalf("Get = (%q, %v), want a takeover load", v, err)
+	}
+	if d := time.Since(start); d < lease-2*time.Millisecond || d > 3*lease {
+		t.Errorf("took over after %v, want just after the dead leader's %v lease", d, lease)
+	}
+	if s := c.Stats(); s.Takeovers != 1 || s.Loads != 1 {
+		t.Errorf("Stats = %+v, want one takeover and one load", s)
+	}
+}
+
+// D11: the lease vanishes on the server while A loads (a premature expiry);
+// B takes over and writes; A's later commit is fenced, and the stored
+// value is B's, with the higher fence.
+func TestCachePrematureLeaseExpiry(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	key := "premature"
+	keys := mustKeys(t, key)
+	a := newTestCache(t, srv.Client(t), nil)
+	b := newTestCache(t, srv.Client(t), nil)
+	ga := newGatedLoader("from A")
+	aDone := make(chan struct{})
+	go func() {
+		a.Get(ctx, key, time.Minute, ga.load)
+		close(aDone)
+	}()
+	ga.waitEntered(t)
+	if err := rdb.Del(ctx, keys.lease).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int64
+	if v, err := b.Get(ctx, key, time.Minute, constLoader(&calls, "from B")); err != nil || string(v) != "from B" {
+		t.Fatalf("B: Get = (%q, %v), want its own load", v, err)
+	}
+	close(ga.gate)
+	<-aDone
+	if s := a.Stats(); s.Fenced != 1 {
+		t.Errorf("A's Stats.Fenced = %d, want 1", s.Fenced)
+	}
+	env, ok := decodeEnvelope([]byte(rdb.Get(ctx, keys.value).Val()))
+	if !ok || string(env.payload) != "from B" {
+		t.Fatalf("stored value = %q (ok %v), want B's", env.payload, ok)
+	}
+	if n, _ := rdb.HGet(ctx, keys.fence, "n").Uint64(); env.fence != n {
+		t.Errorf("stored fence %d, want the highest issued %d", env.fence, n)
+	}
+}
+
+// D14: Redis restarts empty while A rebuilds; B rebuilds after the restart
+// and writes; A's commit must not overwrite it (the fence counter was
+// re-seeded from the Redis clock, above every earlier token).
+func TestCacheRedisRestartMidRebuild(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	key := "restart"
+	keys := mustKeys(t, key)
+	a := newTestCache(t, srv.Client(t), nil)
+	b := newTestCache(t, srv.Client(t), nil)
+	ga := newGatedLoader("from A")
+	aDone := make(chan struct{})
+	go func() {
+		a.Get(ctx, key, time.Minute, ga.load)
+		close(aDone)
+	}()
+	ga.waitEntered(t)
+	srv.Restart(t)
+	var calls atomic.Int64
+	waitFor(t, 5*time.Second, "B to rebuild after the restart", func() bool {
+		v, err := b.Get(ctx, key, time.Minute, constLoader(&calls, "from B"))
+		return err == nil && string(v) == "from B" && b.Stats().Leads == 1
+	})
+	close(ga.gate)
+	<-aDone
+	rdb := srv.Client(t)
+	env, ok := decodeEnvelope([]byte(rdb.Get(ctx, keys.value).Val()))
+	if !ok || string(env.payload) != "from B" {
+		t.Fatalf("stored value = %q (ok %v), want B's", env.payload, ok)
+	}
+	if s := a.Stats(); s.Fenced+s.CommitErrors != 1 {
+		t.Errorf("A's commit: Stats = %+v, want it fenced", s)
+	}
+}

@@ -3,6 +3,7 @@ package herd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -193,6 +194,26 @@ func testHostileKeys(t *testing.T, b backend) {
 		if slices.Min(slots) != slices.Max(slots) {
 			t.Errorf("key %q: family spans slots %v, want one slot", k, slots)
 		}
+	}
+	// Keys spread over every master: no key layout piles them on one slot.
+	ranges, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	owners := map[string]int{}
+	for i := range 300 {
+		slot, err := cc.ClusterKeySlot(ctx, mustKeys(t, fmt.Sprintf("user:%d", i)).lease).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range ranges {
+			if int64(r.Start) <= slot && slot <= int64(r.End) {
+				owners[r.Nodes[0].Addr]++
+			}
+		}
+	}
+	if len(owners) != 3 {
+		t.Errorf("300 keys landed on %d masters (%v), want all 3", len(owners), owners)
 	}
 }
 
