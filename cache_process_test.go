@@ -941,6 +941,7 @@ func TestCacheRedisKilledDuringWave(t *testing.T) {
 		var errs []string
 		values := map[string]bool{}
 		var perProc []int64
+		var latPerProc []time.Duration
 		for _, r := range reps {
 			wr := r.Waves[w]
 			loads += wr.Loads
@@ -951,6 +952,7 @@ func TestCacheRedisKilledDuringWave(t *testing.T) {
 				values[v] = true
 			}
 			perProc = append(perProc, wr.Loads)
+			latPerProc = append(latPerProc, wr.MaxLatency)
 		}
 		if len(errs) > 0 {
 			t.Errorf("wave %d: %d callers got errors, first: %s", w+1, len(errs), errs[0])
@@ -978,8 +980,8 @@ func TestCacheRedisKilledDuringWave(t *testing.T) {
 				t.Errorf("wave %d (after the restart): %d distinct values %v, want 1", w+1, len(values), values)
 			}
 		}
-		t.Logf("wave %d: %d loads (per process %v), %d callers served, %d distinct values, max Get latency %v",
-			w+1, loads, perProc, served, len(values), maxLat.Round(time.Millisecond))
+		t.Logf("wave %d: %d loads (per process %v), %d callers served, %d distinct values, max Get latency %v (per process %v)",
+			w+1, loads, perProc, served, len(values), maxLat.Round(time.Millisecond), roundAll(latPerProc))
 	}
 	for _, r := range reps {
 		t.Logf("process %d (pid %d): %s", r.Inst, r.Pid, cpStatsLine(r.Stats))

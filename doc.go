@@ -3,10 +3,84 @@
 //
 // When a hot key is missing or expiring, every instance of a service sees
 // the miss at once and, unprotected, every one of them rebuilds it from
-// the database. herd makes one request in the whole cluster rebuild the
-// value, with two tiers: a local single-flight, so each process sends at
-// most one request per key to Redis, and a short lease in Redis per key,
-// so one process in the cluster rebuilds.
+// the database. With herd one request in the whole cluster rebuilds the
+// value; every other request, in every process, waits and receives the
+// new value the moment it is written, by notification rather than polling.
+//
+// Two tiers do it: a local single-flight, so each process sends at most
+// one request per key to Redis, and a short lease in Redis per key, so one
+// process in the cluster rebuilds. The lease length is calibrated from the
+// measured rebuild time and renewed by a watchdog while the rebuild runs.
+//
+// # Cache-aside
+//
+//	c := herd.New(rdb, nil) // rdb: *redis.Client, *redis.ClusterClient, ...
+//	defer c.Close()
+//
+//	b, err := c.Get(ctx, "user:42", time.Minute, func(ctx context.Context) ([]byte, error) {
+//		return db.LoadUserJSON(ctx, 42) // return herd.ErrNotFound for a missing user
+//	})
+//
+//	u, err := herd.Fetch(ctx, c, "user:42", time.Minute, func(ctx context.Context) (User, error) {
+//		return db.LoadUser(ctx, 42)
+//	})
+//
+// [Cache.Get] reads the key with one GET. On a miss it takes the key's
+// lease (one script); the winner, the leader, runs the loader and then one
+// script writes the value if the leader's fence is still current,
+// publishes the wake-up (carrying the value when it is small) and releases
+// the lease. A leader's miss is three round trips. The others, followers,
+// subscribe to the key's channel (one shared pub/sub connection per Cache;
+// sharded pub/sub on Redis Cluster 7+), look once more, and wait.
+//
+// [Cache.Set] and [Cache.Invalidate] advance the key's fence first, so a
+// rebuild that started before them can never write its older value after
+// them: the stale-set race that memcache leases close.
+//
+// # Guarantees
+//
+//  1. One rebuild per key per cluster while Redis is healthy and the
+//     rebuild finishes within its lease (renewed by the watchdog up to
+//     [Options.MaxHold]). When a leader stalls past its lease (a GC pause,
+//     a lost network) another process takes over; the stalled leader's
+//     write is then rejected by the fence, so an older value never
+//     overwrites a newer one.
+//  2. No caller waits forever: every wait is bounded by the caller's
+//     context and by the wait budget ([Options.WaitTimeout]); then
+//     [Options.Fallback] applies.
+//  3. One caller's cancellation never fails another: the shared rebuild
+//     runs detached from every caller, under [Options.LoadTimeout].
+//  4. A loader's error or panic reaches every waiter, in every process, as
+//     an error wrapping [ErrLoadFailed] (a panic as a [*PanicError] with
+//     its stack), releases the lease at once and wakes the other processes
+//     at once. Errors are not cached. [ErrNotFound] is cached as a negative
+//     entry for [Options.NegativeTTL].
+//  5. Redis down is not an outage: the Cache fails open to local
+//     coalescing, loading with at most [Options.MaxLocalLoads] loaders at
+//     once; a circuit breaker stops calling Redis after repeated errors and
+//     probes until it answers again. [Options.FailClosed] returns
+//     [ErrUnavailable] instead.
+//  6. Bad input gets an error, never a panic: [ErrInvalidKey],
+//     [ErrInvalidTTL], [ErrNilLoader], [ErrValueTooLarge]. Corrupt or
+//     foreign bytes at a value key are a miss, counted and overwritten by
+//     the next rebuild.
+//
+// # Failure behaviour
+//
+//   - A leader process dies or stalls: followers take over when its lease
+//     lapses; a stalled leader's commit is fenced ([Stats].Fenced).
+//   - The pub/sub connection drops: followers poll; the connection comes
+//     back by itself and resubscribes, and the confirmation makes waiters
+//     look again.
+//   - A reply is lost after the server ran a command: go-redis re-sends
+//     it, and the scripts recognise their own earlier run.
+//   - A loader ignores its context: it is abandoned at its timeout (its
+//     goroutine ends when it returns) and the lease is released.
+//   - Clocks: freshness is judged from the writer's clock; keep hosts in
+//     NTP sync. Leases use Redis-side expiry and monotonic local time.
+//
+// Bound Redis calls with the client's ReadTimeout and WriteTimeout: the
+// Cache relies on them to notice a slow or vanished Redis.
 //
 // # The short lease
 //
@@ -41,36 +115,18 @@
 // point between a third and a half of the lease length, up to an absolute
 // cap, and [Lease.Lost] is closed when the lease is known lost.
 //
-// # Fencing
-//
-// A lease alone cannot stop a holder that paused past its lease (a GC
-// pause, a stalled VM) from writing after the next holder did. The
-// protected resource must check the token: [FencedStore] is such a
-// resource in Redis, accepting a write only when its token is at least the
-// highest token it has seen.
+// A lease alone cannot stop a holder that paused past its lease from
+// writing after the next holder did. The protected resource must check the
+// token: [FencedStore] is such a resource in Redis, accepting a write only
+// when its token is at least the highest it has seen.
 //
 // # Keys
 //
-// Any string except the empty one is a valid key ([ErrInvalidKey]),
-// including '{', '}', ':', newlines and binary. A key's Redis names are
-// PREFIX:{T}:ROLE, where T is the base64url SHA-256 of the key: fixed
-// length, no raw user bytes, and one hash tag for all of a key's names, so
-// in Redis Cluster they share a slot and no key can pick or split it.
+// Any string except the empty one is a valid key, including '{', '}', ':',
+// newlines and binary. A key's Redis names are PREFIX:{T}:ROLE, where T is
+// the base64url SHA-256 of the key: fixed length, no raw user bytes, and
+// one hash tag for all of a key's names, so in Redis Cluster they share a
+// slot and no key can pick or split it.
 //
-// # Failure behaviour
-//
-//   - Redis unreachable: TryAcquire, Acquire, Extend and Release return the
-//     wrapped Redis error; a watchdog retries renewals until the lease's
-//     validity runs out, then closes Lost.
-//   - A holder dies or stalls: its lease expires after its length; waiters
-//     in Acquire poll for the holder's remaining time and take over.
-//   - A reply lost after the server ran the command: go-redis re-sends it,
-//     and the scripts recognise their own earlier run (an acquire reports
-//     the lease acquired, a release reports it released).
-//   - Every wait is bounded by the caller's context and by a limit derived
-//     from the lease length.
-//
-// Errors are sentinels compared with [errors.Is]: [ErrInvalidKey],
-// [ErrInvalidTTL], [ErrLeaseHeld], [ErrLeaseLost], [ErrFenced],
-// [ErrWaitTimeout], [ErrNotFound] and [ErrClosed].
+// Errors are sentinels compared with [errors.Is].
 package herd

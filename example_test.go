@@ -1,0 +1,97 @@
+package herd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/herdkit/herd"
+	"github.com/redis/go-redis/v9"
+)
+
+// Ten concurrent callers miss the same key; the loader runs once.
+func ExampleCache_Get() {
+	mr, _ := miniredis.Run() // an embedded Redis; use your own in production
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	c := herd.New(rdb, nil)
+	defer c.Close()
+
+	var loads atomic.Int32
+	load := func(ctx context.Context) ([]byte, error) {
+		loads.Add(1)
+		time.Sleep(20 * time.Millisecond) // a slow database query
+		return []byte("Ada Lovelace"), nil
+	}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			if _, err := c.Get(context.Background(), "user:42", time.Minute, load); err != nil {
+				fmt.Println(err)
+			}
+		})
+	}
+	wg.Wait()
+	v, _ := c.Get(context.Background(), "user:42", time.Minute, load)
+	fmt.Printf("%s, loaded %d time(s)\n", v, loads.Load())
+	// Output: Ada Lovelace, loaded 1 time(s)
+}
+
+// Fetch caches typed values (JSON by default); ErrNotFound is cached too.
+func ExampleFetch() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	c := herd.New(rdb, nil)
+	defer c.Close()
+
+	type User struct{ Name string }
+	users := map[int]User{42: {"Ada"}}
+	loadUser := func(id int) func(context.Context) (User, error) {
+		return func(context.Context) (User, error) {
+			u, ok := users[id]
+			if !ok {
+				return User{}, herd.ErrNotFound
+			}
+			return u, nil
+		}
+	}
+	u, err := herd.Fetch(context.Background(), c, "user:42", time.Minute, loadUser(42))
+	fmt.Println(u.Name, err)
+	_, err = herd.Fetch(context.Background(), c, "user:7", time.Minute, loadUser(7))
+	fmt.Println(errors.Is(err, herd.ErrNotFound))
+	// Output:
+	// Ada <nil>
+	// true
+}
+
+// A job that must not run on two instances at once.
+func ExampleLocker_TryAcquire() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	locker := herd.NewLocker(rdb, nil)
+	defer locker.Close()
+
+	ctx := context.Background()
+	lease, err := locker.TryAcquire(ctx, "nightly-report", 30*time.Second)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	lease.KeepAlive(10 * time.Minute)
+	_, err = locker.TryAcquire(ctx, "nightly-report", 30*time.Second) // a second instance
+	fmt.Println(errors.Is(err, herd.ErrLeaseHeld))
+	fmt.Println(lease.Release(ctx))
+	// Output:
+	// true
+	// <nil>
+}
