@@ -61,7 +61,14 @@ type Cache struct {
 	cancel context.CancelFunc
 	mu     sync.RWMutex // guards closed against flights starting
 	closed bool
-	wg     sync.WaitGroup // running flights
+	wg     sync.WaitGroup // running flights and background refreshes
+
+	refreshMu  sync.Mutex
+	refreshing map[string]struct{} // keys with a background refresh in this process
+	refreshSem chan struct{}       // bounds background refreshes
+
+	now  func() time.Time // the clock for freshness; tests inject a fake
+	rand func() float64   // uniform in [0, 1) for XFetch; tests inject a seeded one
 }
 
 // New returns a Cache on rdb: a *redis.Client, a *redis.ClusterClient or a
@@ -85,6 +92,11 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		calib:  newCalibrator(cfg.calib),
 		local:  make(chan struct{}, cfg.MaxLocalLoads),
 		brk:    breaker{threshold: cfg.BreakerThreshold, cooldown: cfg.BreakerCooldown},
+
+		refreshing: make(map[string]struct{}),
+		refreshSem: make(chan struct{}, cfg.MaxRefreshes),
+		now:        time.Now,
+		rand:       rand.Float64,
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	return c
@@ -119,21 +131,25 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		c.mu.RLock()
 		if c.closed {
 			c.mu.RUnlock()
-			return nil, ErrClosed
+			return &flightResult{}, ErrClosed
 		}
 		c.wg.Add(1)
 		c.mu.RUnlock()
 		defer c.wg.Done()
-		return c.flight(&flight{key: key, keys: keys, ttl: ttl, load: load})
+		f := &flight{key: key, keys: keys, ttl: ttl, load: load}
+		val, err := c.run(f)
+		return &flightResult{val: val, outcome: f.outcome}, err
 	})
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	case r := <-ch:
+		res := r.Val.(*flightResult)
+		recordOutcome(ctx, res.outcome)
 		if r.Err != nil {
 			return nil, r.Err
 		}
-		val := r.Val.([]byte)
+		val := res.val
 		if r.Shared {
 			// Every caller of a shared flight gets its own copy; nobody
 			// gets the original, so no caller sees another's writes.
@@ -189,10 +205,10 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 		return err
 	}
 	ttl = c.jitter(ttl)
-	now := time.Now()
+	now := c.now()
 	env := (&envelope{writtenAt: now, softExp: now.Add(ttl), payload: val}).encode()
 	err = setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence},
-		env, ttl.Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
+		env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
 		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes).Err()
 	if err != nil {
 		return fmt.Errorf("herd: set %q: %w", key, err)
@@ -272,12 +288,19 @@ type Stats struct {
 	CommitErrors uint64 // commits that failed on a Redis error (the value was still returned)
 	FailOpen     uint64 // flights that loaded locally because Redis was unreachable
 	BreakerOpens uint64 // times the circuit breaker opened
+
+	StaleServed      uint64 // stale values served within StaleFor
+	EarlyRefreshes   uint64 // fresh hits that started an early refresh (XFetch)
+	Refreshes        uint64 // background refreshes that won the lease and ran the loader
+	RefreshErrors    uint64 // background refreshes whose loader failed (stale-if-error)
+	RefreshesDropped uint64 // background refreshes not started: the pool was full
 }
 
 type counters struct {
-	hits, negativeHits, misses, corrupt, loads, localLoads, loadErrors atomic.Uint64
-	leads, follows, takeovers, notified, polled, waitTimeouts, fenced  atomic.Uint64
-	commitErrors, failOpen, breakerOpens                               atomic.Uint64
+	hits, negativeHits, misses, corrupt, loads, localLoads, loadErrors      atomic.Uint64
+	leads, follows, takeovers, notified, polled, waitTimeouts, fenced       atomic.Uint64
+	commitErrors, failOpen, breakerOpens                                    atomic.Uint64
+	staleServed, earlyRefreshes, refreshes, refreshErrors, refreshesDropped atomic.Uint64
 }
 
 func (s *counters) snapshot() Stats {
@@ -288,5 +311,8 @@ func (s *counters) snapshot() Stats {
 		Takeovers: s.takeovers.Load(), Notified: s.notified.Load(), Polled: s.polled.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), Fenced: s.fenced.Load(), CommitErrors: s.commitErrors.Load(),
 		FailOpen: s.failOpen.Load(), BreakerOpens: s.breakerOpens.Load(),
+		StaleServed: s.staleServed.Load(), EarlyRefreshes: s.earlyRefreshes.Load(),
+		Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),
+		RefreshesDropped: s.refreshesDropped.Load(),
 	}
 }

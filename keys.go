@@ -22,6 +22,7 @@ type keyFamily struct {
 	lease   string // P:{T}:l  the lease: "<owner>:<fence>"
 	fence   string // P:{T}:f  hash: n = fence counter, r = last released lease
 	record  string // P:{T}:r  FencedStore record: t = highest token, v = value
+	backoff string // P:{T}:b  refresh backoff marker after failed refreshes
 	channel string // P:{T}:n  pub/sub channel for wake-ups
 }
 
@@ -49,6 +50,7 @@ func makeKeys(prefix, key string) (keyFamily, error) {
 		lease:   base + "l",
 		fence:   base + "f",
 		record:  base + "r",
+		backoff: base + "b",
 		channel: base + "n",
 	}, nil
 }

@@ -134,6 +134,32 @@ type Options struct {
 	// LoadLocally.
 	Fallback Fallback
 
+	// StaleFor keeps a value servable that long after its ttl ends (the
+	// hard TTL in Redis is ttl + StaleFor). A stale hit returns at once and
+	// starts one background refresh under the key's lease: RFC 5861
+	// stale-while-revalidate, cluster-wide. If the refresh fails, the stale
+	// value stays servable until the hard TTL (stale-if-error) and
+	// refreshes back off (RefreshBackoff). Default: 0, no stale serving.
+	StaleFor time.Duration
+
+	// EarlyRefresh is XFetch's β: a fresh hit starts a background refresh
+	// with probability exp(−t/(βΔ)), t being the time left before expiry
+	// and Δ the key's last rebuild time, so hot keys are rebuilt before
+	// they expire. 1 is the usual value; larger refreshes earlier. The
+	// lease makes it one refresh per expiry cluster-wide. Default: 0, off.
+	EarlyRefresh float64
+
+	// MaxRefreshes bounds the background refreshes this process runs at
+	// once; a refresh that finds the pool full is dropped and counted
+	// (Stats.RefreshesDropped) and the next stale hit tries again.
+	// Default: 16.
+	MaxRefreshes int
+
+	// RefreshBackoff is the first pause after a failed background refresh,
+	// shared by every process through Redis; each further consecutive
+	// failure doubles it, up to RefreshBackoffMax. Defaults: 1s and 30s.
+	RefreshBackoff, RefreshBackoffMax time.Duration
+
 	// NotifyMaxBytes is the largest envelope sent inside the wake-up
 	// message, saving followers a GET. Larger values are announced with a
 	// marker and fetched. Default: 16 KiB; negative: never inline.
@@ -213,6 +239,7 @@ func (o *Options) resolve() cacheConfig {
 		"LoadTimeout": c.LoadTimeout, "MaxHold": c.MaxHold, "WaitTimeout": c.WaitTimeout,
 		"BreakerCooldown": c.BreakerCooldown, "MinLease": c.MinLease, "MaxLease": c.MaxLease,
 		"DefaultLease": c.DefaultLease, "PollMin": c.PollMin, "PollMax": c.PollMax,
+		"StaleFor": c.StaleFor, "RefreshBackoff": c.RefreshBackoff, "RefreshBackoffMax": c.RefreshBackoffMax,
 	} {
 		if d < 0 {
 			panic(fmt.Sprintf("herd: Options.%s is negative (%v)", name, d))
@@ -220,6 +247,7 @@ func (o *Options) resolve() cacheConfig {
 	}
 	for name, n := range map[string]int{
 		"MaxValueBytes": c.MaxValueBytes, "MaxLocalLoads": c.MaxLocalLoads, "BreakerThreshold": c.BreakerThreshold,
+		"MaxRefreshes": c.MaxRefreshes,
 	} {
 		if n < 0 {
 			panic(fmt.Sprintf("herd: Options.%s is negative (%d)", name, n))
@@ -227,6 +255,9 @@ func (o *Options) resolve() cacheConfig {
 	}
 	if !(c.TTLJitter >= 0 && c.TTLJitter < 1) {
 		panic(fmt.Sprintf("herd: Options.TTLJitter %v is outside [0, 1)", c.TTLJitter))
+	}
+	if !(c.EarlyRefresh >= 0 && c.EarlyRefresh <= 1e6) {
+		panic(fmt.Sprintf("herd: Options.EarlyRefresh %v is not a finite β ≥ 0", c.EarlyRefresh))
 	}
 	if c.Fallback < LoadLocally || c.Fallback > ReturnError {
 		panic(fmt.Sprintf("herd: unknown Options.Fallback %d", c.Fallback))
@@ -243,6 +274,12 @@ func (o *Options) resolve() cacheConfig {
 	setDefault(&c.MaxValueBytes, 4<<20)
 	setDefault(&c.MaxLocalLoads, 32)
 	setDefault(&c.BreakerThreshold, 5)
+	setDefault(&c.MaxRefreshes, 16)
+	setDefault(&c.RefreshBackoff, time.Second)
+	setDefault(&c.RefreshBackoffMax, max(30*time.Second, c.RefreshBackoff))
+	if c.RefreshBackoffMax < c.RefreshBackoff {
+		panic(fmt.Sprintf("herd: Options.RefreshBackoffMax (%v) is below RefreshBackoff (%v)", c.RefreshBackoffMax, c.RefreshBackoff))
+	}
 	if c.NotifyMaxBytes == 0 {
 		c.NotifyMaxBytes = 16 << 10
 	}

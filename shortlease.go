@@ -165,40 +165,61 @@ func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
 // try runs the ACQUIRE script once. On ErrLeaseHeld it also returns the
 // holder's remaining time (0 when unknown).
 func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*Lease, time.Duration, error) {
-	lease, pttl, _, err := l.attempt(ctx, key, keys, ttl, false)
-	return lease, pttl, err
+	r, err := l.attempt(ctx, key, keys, ttl, "", nil)
+	return r.lease, r.pttl, err
 }
 
-// attempt is try for the Cache: with ifNoValue it does not acquire when
-// the key's value name holds a value, and returns that value instead (with
-// a nil lease and a nil error), closing the race in which a rebuild
-// commits between a caller's GET and its ACQUIRE.
-func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, ifNoValue bool) (*Lease, time.Duration, []byte, error) {
+// Modes of attempt for the Cache.
+const (
+	modeMiss    = "miss"    // do not acquire when a value exists: return it
+	modeRefresh = "refresh" // do not acquire when the value changed or refreshes back off
+)
+
+// attempted is the outcome of one ACQUIRE.
+type attempted struct {
+	lease   *Lease        // acquired
+	pttl    time.Duration // the holder's remaining lease, or the backoff left
+	value   []byte        // a value landed since the caller looked (no lease)
+	backoff bool          // refreshes are backing off (no lease)
+}
+
+// attempt runs ACQUIRE once. The Cache's modes close the race in which a
+// rebuild commits between a caller's GET and its ACQUIRE: modeMiss does
+// not acquire when the key holds any value and returns it; modeRefresh
+// does not acquire when the value is no longer the envelope whose fence
+// bytes are seen, or while failed refreshes back off. Neither is an
+// error; ErrLeaseHeld is.
+func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte) (attempted, error) {
 	owner := newOwner()
 	start := time.Now()
 	names := []string{keys.lease, keys.fence}
-	if ifNoValue {
-		names = append(names, keys.value)
+	args := []any{owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()}
+	if mode != "" {
+		names = append(names, keys.value, keys.backoff)
+		args = append(args, mode, seen)
 	}
-	res, err := acquireScript.Run(ctx, l.rdb, names,
-		owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()).Slice()
+	res, err := acquireScript.Run(ctx, l.rdb, names, args...).Slice()
 	if err != nil {
-		return nil, 0, nil, fmt.Errorf("herd: acquire lease %q: %w", key, err)
+		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, err)
 	}
 	ok, val, err := parsePair(res)
 	if err != nil {
-		return nil, 0, nil, fmt.Errorf("herd: acquire lease %q: %w", key, err)
+		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, err)
 	}
 	switch ok {
 	case 2:
-		return nil, 0, []byte(val), nil
-	case 0:
+		return attempted{value: []byte(val)}, nil
+	case 0, 3:
 		pttl, _ := strconv.ParseInt(val, 10, 64)
-		return nil, max(time.Duration(pttl)*time.Millisecond, 0), nil, fmt.Errorf("%w: %q", ErrLeaseHeld, key)
+		r := attempted{pttl: max(time.Duration(pttl)*time.Millisecond, 0), backoff: ok == 3}
+		if r.backoff {
+			return r, nil
+		}
+		return r, fmt.Errorf("%w: %q", ErrLeaseHeld, key)
 	}
 	token, err := strconv.ParseUint(val, 10, 64)
 	if err != nil {
-		return nil, 0, nil, fmt.Errorf("herd: acquire lease %q: bad fence %q", key, val)
+		return attempted{}, fmt.Errorf("herd: acquire lease %q: bad fence %q", key, val)
 	}
 	lease := &Lease{
 		locker:   l,
@@ -217,13 +238,13 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 		defer cancel()
 		_ = lease.Release(rctx)
-		return nil, 0, nil, fmt.Errorf("%w: %q: the acquire reply came after the lease's validity", ErrLeaseHeld, key)
+		return attempted{}, fmt.Errorf("%w: %q: the acquire reply came after the lease's validity", ErrLeaseHeld, key)
 	}
 	lease.mu.Lock() // the timer may fire before the assignment is done
 	lease.deadline = deadline
 	lease.expiry = time.AfterFunc(time.Until(deadline), lease.markLost)
 	lease.mu.Unlock()
-	return lease, 0, nil, nil
+	return attempted{lease: lease}, nil
 }
 
 func (l *Locker) fenceTTL(ttl time.Duration) time.Duration {
@@ -431,9 +452,21 @@ func (l *Lease) Release(ctx context.Context) error {
 // when the lease was still ours. It reports 1 when released (now or by an
 // earlier try of the same call) and 0 when the lease was not ours.
 func (l *Lease) releaseWith(ctx context.Context, msg string) (int, error) {
+	return l.releaseBackoff(ctx, msg, 0, 0)
+}
+
+// releaseBackoff is releaseWith that, when base > 0 and the lease was
+// ours, also starts or lengthens the key's refresh backoff: base doubled
+// per consecutive failure, at most cap.
+func (l *Lease) releaseBackoff(ctx context.Context, msg string, base, cap time.Duration) (int, error) {
 	n := l.locker.notify
-	return releaseScript.Run(ctx, l.locker.rdb, []string{l.keys.lease, l.keys.fence},
-		l.value, n.publishCmd(ctx), l.keys.channel, msg).Int()
+	names := []string{l.keys.lease, l.keys.fence}
+	args := []any{l.value, n.publishCmd(ctx), l.keys.channel, msg}
+	if base > 0 {
+		names = append(names, l.keys.backoff)
+		args = append(args, base.Milliseconds(), cap.Milliseconds())
+	}
+	return releaseScript.Run(ctx, l.locker.rdb, names, args...).Int()
 }
 
 // stopWatchdog stops the KeepAlive goroutine, if any, and waits for it,

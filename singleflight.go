@@ -19,18 +19,26 @@ import (
 
 // flight is one rebuild attempt for a key in this process.
 type flight struct {
-	key  string
-	keys keyFamily
-	ttl  time.Duration
-	load LoadFunc
+	key     string
+	keys    keyFamily
+	ttl     time.Duration
+	load    LoadFunc
+	outcome Outcome // how the flight ended, for the callers
+}
+
+// flightResult is what a flight hands to singleflight, with or without an
+// error.
+type flightResult struct {
+	val     []byte
+	outcome Outcome
 }
 
 // maxFailText bounds the error text a leader publishes to followers.
 const maxFailText = 1024
 
-// flight runs the flight and returns the value ([]byte) or the error every
-// local caller gets.
-func (c *Cache) flight(f *flight) (val any, err error) {
+// run runs the flight: it returns the value or the error every local
+// caller gets, with the outcome recorded in f.
+func (c *Cache) run(f *flight) (val []byte, err error) {
 	defer func() {
 		// The loader's panics are recovered in runLoader; this is for
 		// herd's own bugs, which must not crash the process either (x/sync
@@ -47,7 +55,7 @@ func (c *Cache) flight(f *flight) (val any, err error) {
 		return c.redisDown(f, err)
 	}
 	if ok {
-		if v, err, done := c.served(env); done {
+		if v, err, done := c.served(f, env); done {
 			return v, err
 		}
 	}
@@ -57,8 +65,10 @@ func (c *Cache) flight(f *flight) (val any, err error) {
 	case done:
 		return v, err
 	case lease != nil:
-		return c.lead(f, lease)
+		f.outcome = OutcomeLeader
+		return c.lead(f, lease, false)
 	case errors.Is(err, ErrLeaseHeld):
+		f.outcome = OutcomeFollower
 		return c.follow(f, pttl)
 	default:
 		return c.redisDown(f, err)
@@ -68,22 +78,22 @@ func (c *Cache) flight(f *flight) (val any, err error) {
 // acquire takes the key's lease, unless a usable value landed since the
 // flight looked (then done is set and val, err are the answer). On
 // ErrLeaseHeld pttl is the holder's remaining time.
-func (c *Cache) acquire(f *flight) (lease *Lease, val any, err error, done bool, pttl time.Duration) {
+func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bool, pttl time.Duration) {
 	ttl := c.leaseFor(f.key)
-	lease, pttl, b, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, true)
-	if err == nil && lease == nil {
-		if env, ok := decodeEnvelope(b); ok {
-			if v, err, done := c.served(env); done {
+	r, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil)
+	if err == nil && r.lease == nil {
+		if env, ok := decodeEnvelope(r.value); ok {
+			if v, err, done := c.served(f, env); done {
 				return nil, v, err, true, 0
 			}
 		}
 		// An expired or unreadable value is there: rebuild over it.
-		lease, pttl, err = c.locker.try(c.ctx, f.key, f.keys, ttl)
+		r.lease, r.pttl, err = c.locker.try(c.ctx, f.key, f.keys, ttl)
 	}
 	if err != nil && !errors.Is(err, ErrLeaseHeld) {
 		c.redisFailed(err)
 	}
-	return lease, nil, err, false, pttl
+	return r.lease, nil, err, false, r.pttl
 }
 
 // read GETs and decodes the key's envelope. ok is false on a miss,
@@ -107,18 +117,39 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 	return env, ok, nil
 }
 
-// served decides whether env answers the flight: a fresh value or a fresh
-// negative entry. done is false when the envelope is expired.
-func (c *Cache) served(env envelope) (val any, err error, done bool) {
-	if !time.Now().Before(env.softExp) {
-		return nil, nil, false
+// served decides whether env answers the flight: a fresh value (which may
+// also start an early refresh) or a stale one within StaleFor (which starts
+// a refresh). done is false when the envelope is past both.
+func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done bool) {
+	now := c.now()
+	switch {
+	case now.Before(env.softExp):
+		switch {
+		case c.xfetchDue(env, now):
+			f.outcome = OutcomeEarlyRefresh
+			c.stats.earlyRefreshes.Add(1)
+			c.refreshAsync(f, env)
+		case env.negative:
+			f.outcome = OutcomeNegative
+		default:
+			f.outcome = OutcomeHit
+		}
+		if env.negative {
+			c.stats.negativeHits.Add(1)
+			return nil, ErrNotFound, true
+		}
+		c.stats.hits.Add(1)
+		return env.payload, nil, true
+	case c.cfg.StaleFor > 0 && now.Before(env.softExp.Add(c.cfg.StaleFor)):
+		f.outcome = OutcomeStale
+		c.stats.staleServed.Add(1)
+		c.refreshAsync(f, env)
+		if env.negative {
+			return nil, ErrNotFound, true
+		}
+		return env.payload, nil, true
 	}
-	if env.negative {
-		c.stats.negativeHits.Add(1)
-		return nil, ErrNotFound, true
-	}
-	c.stats.hits.Add(1)
-	return env.payload, nil, true
+	return nil, nil, false
 }
 
 // leaseFor is the lease length for a rebuild of key.
@@ -129,7 +160,7 @@ func (c *Cache) leaseFor(key string) time.Duration {
 // lead runs the loader under the lease, then commits: value, wake-up and
 // release in one script. A failure releases the lease at once and tells
 // the followers, so they do not wait out the lease.
-func (c *Cache) lead(f *flight, lease *Lease) (any, error) {
+func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	c.stats.leads.Add(1)
 	lease.KeepAlive(c.cfg.MaxHold)
 	start := time.Now()
@@ -146,19 +177,19 @@ func (c *Cache) lead(f *flight, lease *Lease) (any, error) {
 	switch {
 	case err == nil:
 		ttl := c.jitter(f.ttl)
-		now := time.Now()
-		c.commit(f, lease, &envelope{fence: lease.token, writtenAt: now, softExp: now.Add(ttl), delta: delta, payload: val}, ttl)
+		now := c.now()
+		c.commit(f, lease, &envelope{fence: lease.token, writtenAt: now, softExp: now.Add(ttl), delta: delta, payload: val}, ttl+c.cfg.StaleFor)
 		return val, nil
 	case notFound && c.cfg.NegativeTTL > 0:
-		now := time.Now()
-		c.commit(f, lease, &envelope{negative: true, fence: lease.token, writtenAt: now, softExp: now.Add(c.cfg.NegativeTTL), delta: delta}, c.cfg.NegativeTTL)
+		now := c.now()
+		c.commit(f, lease, &envelope{negative: true, fence: lease.token, writtenAt: now, softExp: now.Add(c.cfg.NegativeTTL), delta: delta}, c.cfg.NegativeTTL+c.cfg.StaleFor)
 		return nil, ErrNotFound
 	}
 
 	if errors.Is(err, ErrClosed) {
 		// This process is shutting down: hand the rebuild to another
 		// process at once instead of failing its waiters.
-		c.releaseDetached(f, lease, msgReleased)
+		c.releaseDetached(f, lease, msgReleased, 0)
 		return nil, ErrClosed
 	}
 	kind := byte(failError)
@@ -177,7 +208,17 @@ func (c *Cache) lead(f *flight, lease *Lease) (any, error) {
 	if len(text) > maxFailText {
 		text = text[:maxFailText]
 	}
-	c.releaseDetached(f, lease, string([]byte{msgFailed, kind})+text)
+	msg := string([]byte{msgFailed, kind}) + text
+	if refresh {
+		// Stale-if-error: the stale value stays servable until its hard
+		// TTL; refreshes back off cluster-wide so the failing source is
+		// not called on every hit.
+		c.stats.refreshErrors.Add(1)
+		c.log(slog.LevelWarn, "herd: refresh failed; serving the stale value while refreshes back off", "key", f.key, "err", err)
+		c.releaseDetached(f, lease, msg, c.cfg.RefreshBackoff)
+	} else {
+		c.releaseDetached(f, lease, msg, 0)
+	}
 	if notFound {
 		return nil, ErrNotFound
 	}
@@ -187,10 +228,10 @@ func (c *Cache) lead(f *flight, lease *Lease) (any, error) {
 // releaseDetached releases the lease after a load that produced no value,
 // waking the followers with msg. It runs even while Close cancels c.ctx,
 // bounded by its own timeout.
-func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string) {
+func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff time.Duration) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), time.Second)
 	defer cancel()
-	if _, err := lease.releaseWith(ctx, msg); err != nil {
+	if _, err := lease.releaseBackoff(ctx, msg, backoff, c.cfg.RefreshBackoffMax); err != nil {
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: could not release the lease after a load without value; followers wait for it to expire", "key", f.key, "err", err)
 	}
@@ -205,7 +246,7 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, ttl time.Duration
 	if len(b) <= c.cfg.NotifyMaxBytes {
 		msg = string(msgValue) + string(b)
 	}
-	ok, err := commitScript.Run(c.ctx, c.rdb, []string{f.keys.value, f.keys.lease, f.keys.fence},
+	ok, err := commitScript.Run(c.ctx, c.rdb, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
 		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased).Int()
 	switch {
@@ -222,7 +263,7 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, ttl time.Duration
 // follow waits for another process's rebuild of the key: subscribe, look
 // again (the value may have landed before the subscription), then wait for
 // the wake-up message, a poll, or the budget.
-func (c *Cache) follow(f *flight, pttl time.Duration) (any, error) {
+func (c *Cache) follow(f *flight, pttl time.Duration) ([]byte, error) {
 	c.stats.follows.Add(1)
 	sub, _, serr := c.notify.subscribe(c.ctx, f.keys.channel)
 	if errors.Is(serr, ErrClosed) {
@@ -296,7 +337,7 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (any, error) {
 // onNotice handles a wake-up message. done is false when the follower
 // should look at Redis itself (a confirmation, a release without value, a
 // value too large to send, or one it cannot decode).
-func (c *Cache) onNotice(f *flight, nt notice) (val any, err error, done bool) {
+func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool) {
 	if nt.resub || nt.payload == "" {
 		return nil, nil, false
 	}
@@ -328,13 +369,13 @@ func (c *Cache) onNotice(f *flight, nt notice) (val any, err error, done bool) {
 // taken and this process leads (a takeover). Otherwise it returns the
 // holder's remaining lease time. Infrastructure errors are recorded and
 // the wait goes on (the budget bounds it).
-func (c *Cache) check(f *flight) (val any, err error, done bool, pttl time.Duration) {
+func (c *Cache) check(f *flight) (val []byte, err error, done bool, pttl time.Duration) {
 	env, ok, rerr := c.read(f)
 	if rerr != nil {
 		return nil, nil, false, 0
 	}
 	if ok {
-		if v, err, done := c.served(env); done {
+		if v, err, done := c.served(f, env); done {
 			return v, err, true, 0
 		}
 	}
@@ -344,14 +385,16 @@ func (c *Cache) check(f *flight) (val any, err error, done bool, pttl time.Durat
 		return v, err, true, 0
 	case lease != nil:
 		c.stats.takeovers.Add(1)
-		v, err := c.lead(f, lease)
+		f.outcome = OutcomeLeader
+		v, err := c.lead(f, lease, false)
 		return v, err, true, 0
 	}
 	return nil, nil, false, pttl
 }
 
 // fallback applies Options.Fallback after a follower spent its budget.
-func (c *Cache) fallback(f *flight, budget time.Duration) (any, error) {
+func (c *Cache) fallback(f *flight, budget time.Duration) ([]byte, error) {
+	f.outcome = OutcomeFallback
 	timeout := fmt.Errorf("%w: %q: no value after waiting %v for another process's rebuild", ErrWaitTimeout, f.key, budget)
 	switch c.cfg.Fallback {
 	case ReturnError:
@@ -372,7 +415,8 @@ func (c *Cache) fallback(f *flight, budget time.Duration) (any, error) {
 }
 
 // redisDown handles a flight that cannot use Redis.
-func (c *Cache) redisDown(f *flight, cause error) (any, error) {
+func (c *Cache) redisDown(f *flight, cause error) ([]byte, error) {
+	f.outcome = OutcomeFallback
 	if c.cfg.FailClosed {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
@@ -393,7 +437,7 @@ func (c *Cache) redisFailed(err error) {
 
 // loadLocal runs the loader without a lease and without storing the
 // result, bounded by MaxLocalLoads concurrent runs in this process.
-func (c *Cache) loadLocal(f *flight) (any, error) {
+func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 	wait := time.NewTimer(c.cfg.LoadTimeout)
 	defer wait.Stop()
 	select {

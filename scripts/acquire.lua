@@ -1,10 +1,15 @@
 -- ACQUIRE: take the lease if it is free and issue a fencing token.
--- KEYS[1] lease, KEYS[2] fence hash, optional KEYS[3] value
--- ARGV[1] owner (random, 32 hex), ARGV[2] lease ms, ARGV[3] fence ttl ms
--- Returns {1, fence} (a decimal string) when this owner holds the lease,
--- {2, value} when KEYS[3] is given and holds a value (a rebuild that
--- committed since the caller looked: nothing to acquire), and
--- {0, holder pttl} otherwise.
+-- KEYS[1] lease, KEYS[2] fence hash; for the Cache also KEYS[3] value and
+-- KEYS[4] refresh backoff marker
+-- ARGV[1] owner (random, 32 hex), ARGV[2] lease ms, ARGV[3] fence ttl ms,
+-- ARGV[4] mode: absent (a plain lease), 'miss' or 'refresh',
+-- ARGV[5] (refresh) the fence bytes of the envelope the caller saw
+-- Returns:
+--   {1, fence}  this owner holds the lease (fence: a decimal string)
+--   {2, value}  nothing to rebuild: a value landed since the caller looked
+--               (miss: any value; refresh: a different envelope)
+--   {3, pttl}   refresh: failed refreshes are backing off for pttl ms
+--   {0, pttl}   another owner holds the lease for pttl ms
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local mine = ARGV[1] .. ':'
@@ -14,12 +19,16 @@ if cur then
     return {1, string.sub(cur, #mine + 1)}
   end
 end
-if KEYS[3] then
+local mode = ARGV[4]
+if mode == 'miss' or mode == 'refresh' then
   -- pcall: a foreign value of another type is not ours to report.
   local v = redis.pcall('GET', KEYS[3])
-  if type(v) == 'string' then
+  if type(v) == 'string' and (mode == 'miss' or string.sub(v, 3, 10) ~= ARGV[5]) then
     return {2, v}
   end
+end
+if mode == 'refresh' and redis.call('EXISTS', KEYS[4]) == 1 then
+  return {3, redis.call('PTTL', KEYS[4])}
 end
 if cur then
   return {0, redis.call('PTTL', KEYS[1])}

@@ -1,7 +1,7 @@
 -- COMMIT: write the leader's value only if its fence is still the current
 -- one (no newer lease, no Invalidate, no Set since it acquired), wake the
 -- waiters and release the lease, in one round trip.
--- KEYS[1] value, KEYS[2] lease, KEYS[3] fence hash
+-- KEYS[1] value, KEYS[2] lease, KEYS[3] fence hash, KEYS[4] refresh backoff
 -- ARGV[1] fence token, ARGV[2] envelope, ARGV[3] value ttl ms,
 -- ARGV[4] lease value, ARGV[5] PUBLISH or SPUBLISH, ARGV[6] channel,
 -- ARGV[7] message when written, ARGV[8] message when fenced
@@ -21,5 +21,8 @@ if redis.call('HGET', KEYS[3], 'n') ~= ARGV[1] then
   return 0
 end
 redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+-- A successful rebuild ends any refresh backoff.
+redis.call('DEL', KEYS[4])
+redis.call('HDEL', KEYS[3], 'e')
 redis.call(ARGV[5], ARGV[6], ARGV[7])
 return 1

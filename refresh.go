@@ -1,0 +1,130 @@
+package herd
+
+import (
+	"context"
+	"errors"
+	"math"
+	"time"
+)
+
+// Freshness: stale-while-revalidate, stale-if-error and probabilistic
+// early refresh. A stale hit (within Options.StaleFor after the fresh
+// period) returns at once and starts one background refresh; a fresh hit
+// may start an early one (XFetch, Options.EarlyRefresh). Either way the
+// refresh runs under the key's lease, in refresh mode: it does not start
+// if another process already replaced the envelope this process saw, or
+// while failed refreshes back off. So every process may try, and exactly
+// one refresh per expiry reaches the source.
+
+// Outcome says how a call was served. Read it with [WithOutcome].
+type Outcome uint8
+
+const (
+	OutcomeUnknown      Outcome = iota // the call failed before the cache decided
+	OutcomeHit                         // a fresh value from Redis
+	OutcomeStale                       // a stale value within StaleFor; a refresh started
+	OutcomeEarlyRefresh                // a fresh value; an early refresh started (XFetch)
+	OutcomeNegative                    // a remembered ErrNotFound
+	OutcomeLeader                      // this process rebuilt the value
+	OutcomeFollower                    // waited for another process's rebuild
+	OutcomeFallback                    // loaded locally: wait budget spent, or Redis unreachable
+)
+
+var outcomeNames = [...]string{"unknown", "hit", "stale", "early-refresh", "negative", "leader", "follower", "fallback"}
+
+func (o Outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "Outcome(" + string(rune('0'+o)) + ")"
+}
+
+type outcomeKey struct{}
+
+// WithOutcome returns a context that makes [Cache.Get] and [Fetch] record
+// how the call was served in *o. Callers of one flight in a process share
+// its outcome. The HTTP middleware uses it for the Cache-Status header.
+func WithOutcome(ctx context.Context, o *Outcome) context.Context {
+	return context.WithValue(ctx, outcomeKey{}, o)
+}
+
+func recordOutcome(ctx context.Context, o Outcome) {
+	if p, ok := ctx.Value(outcomeKey{}).(*Outcome); ok && p != nil {
+		*p = o
+	}
+}
+
+// xfetchDue reports whether a fresh envelope should be refreshed early:
+// now − Δ·β·ln(u) ≥ expiry with u uniform in (0, 1], Δ the rebuild time
+// recorded in the envelope (so every process knows it, even one that never
+// rebuilt the key) and β = Options.EarlyRefresh (Vattani, Chierichetti and
+// Lowenstein, "Optimal Probabilistic Cache Stampede Prevention", VLDB
+// 2015). The probability at time t before expiry is exp(−t/(βΔ)).
+func (c *Cache) xfetchDue(env envelope, now time.Time) bool {
+	beta := c.cfg.EarlyRefresh
+	if beta <= 0 || env.delta <= 0 || env.negative {
+		return false
+	}
+	u := 1 - c.rand() // in (0, 1]
+	gap := -float64(env.delta) * beta * math.Log(u)
+	return float64(env.softExp.Sub(now)) <= gap
+}
+
+// refreshAsync starts one background refresh of f's key, unless one is
+// already running in this process or the pool of MaxRefreshes is full
+// (then it is dropped and counted: the next stale hit tries again).
+func (c *Cache) refreshAsync(f *flight, seen envelope) {
+	c.refreshMu.Lock()
+	defer c.refreshMu.Unlock()
+	if _, busy := c.refreshing[f.key]; busy {
+		return
+	}
+	select {
+	case c.refreshSem <- struct{}{}:
+	default:
+		c.stats.refreshesDropped.Add(1)
+		return
+	}
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		<-c.refreshSem
+		return
+	}
+	c.wg.Add(1)
+	c.mu.RUnlock()
+	c.refreshing[f.key] = struct{}{}
+	rf := &flight{key: f.key, keys: f.keys, ttl: f.ttl, load: f.load}
+	fence := (&envelope{fence: seen.fence}).encode()[2:10]
+	go func() {
+		defer func() {
+			c.refreshMu.Lock()
+			delete(c.refreshing, rf.key)
+			c.refreshMu.Unlock()
+			<-c.refreshSem
+			c.wg.Done()
+		}()
+		c.refresh(rf, fence)
+	}()
+}
+
+// refresh rebuilds a key whose stale or early value is being served, if
+// this process wins its lease.
+func (c *Cache) refresh(f *flight, seenFence []byte) {
+	if !c.brk.allow() {
+		return
+	}
+	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence)
+	if err != nil {
+		if !errors.Is(err, ErrLeaseHeld) {
+			c.redisFailed(err)
+		}
+		return
+	}
+	c.brk.success()
+	if r.lease == nil {
+		return // refreshed elsewhere already, or backing off
+	}
+	c.stats.refreshes.Add(1)
+	_, _ = c.lead(f, r.lease, true)
+}
