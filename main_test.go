@@ -40,19 +40,20 @@ type backend struct {
 // started for this test and stopped when it ends.
 func backends(t *testing.T) []backend {
 	t.Helper()
+	cl := redistest.StartCluster(t, 3)
+	return append(standaloneBackends(t), backend{name: "cluster", rdb: cl.Client(t), cluster: true})
+}
+
+// standaloneBackends is backends without the cluster.
+func standaloneBackends(t *testing.T) []backend {
+	t.Helper()
 	mr := miniredis.RunT(t)
 	mini := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { mini.Close() })
-
 	srv := redistest.Start(t)
-	real := srv.Client(t)
-
-	cl := redistest.StartCluster(t, 3)
-	cc := cl.Client(t)
 	return []backend{
 		{name: "miniredis", rdb: mini, mini: mr},
-		{name: "redis", rdb: real},
-		{name: "cluster", rdb: cc, cluster: true},
+		{name: "redis", rdb: srv.Client(t)},
 	}
 }
 
