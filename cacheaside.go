@@ -205,8 +205,7 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 		return err
 	}
 	ttl = c.jitter(ttl)
-	now := c.now()
-	env := (&envelope{writtenAt: now, softExp: now.Add(ttl), payload: val}).encode()
+	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).encode()
 	err = setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence},
 		env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
 		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes).Err()

@@ -16,9 +16,13 @@ import (
 //	2      8    fence token of the writer, big-endian
 //	10     8    written at, Unix milliseconds
 //	18     8    soft expiry (fresh until), Unix milliseconds
-//	26     4    rebuild duration Δ, microseconds (saturating)
-//	30     4    CRC-32C of every other byte except the fence
-//	34     -    payload
+//	26     8    stale until (servable stale until), Unix milliseconds
+//	34     4    rebuild duration Δ, microseconds (saturating)
+//	38     4    CRC-32C of every other byte except the fence
+//	42     -    payload
+//
+// The writer decides how long its value may be served stale, so readers
+// with other settings (another service, the HTTP middleware) agree.
 //
 // The fence is left out of the checksum so that a script can stamp the
 // token it issues into an envelope built by the client (Set does). Any
@@ -26,7 +30,7 @@ import (
 // version and the checksum and read as a miss.
 const (
 	envelopeVersion = 1
-	envelopeHeader  = 34
+	envelopeHeader  = 42
 
 	flagNegative = 1 << 0
 )
@@ -39,6 +43,7 @@ type envelope struct {
 	fence     uint64
 	writtenAt time.Time
 	softExp   time.Time
+	staleExp  time.Time // equal to softExp when no stale serving
 	delta     time.Duration
 	payload   []byte // aliases the decoded buffer
 }
@@ -53,9 +58,14 @@ func (e *envelope) encode() []byte {
 	binary.BigEndian.PutUint64(b[2:], e.fence)
 	binary.BigEndian.PutUint64(b[10:], uint64(e.writtenAt.UnixMilli()))
 	binary.BigEndian.PutUint64(b[18:], uint64(e.softExp.UnixMilli()))
-	binary.BigEndian.PutUint32(b[26:], uint32(min(max(e.delta.Microseconds(), 0), 1<<32-1)))
+	stale := e.staleExp
+	if stale.Before(e.softExp) {
+		stale = e.softExp
+	}
+	binary.BigEndian.PutUint64(b[26:], uint64(stale.UnixMilli()))
+	binary.BigEndian.PutUint32(b[34:], uint32(min(max(e.delta.Microseconds(), 0), 1<<32-1)))
 	copy(b[envelopeHeader:], e.payload)
-	binary.BigEndian.PutUint32(b[30:], envelopeSum(b))
+	binary.BigEndian.PutUint32(b[38:], envelopeSum(b))
 	return b
 }
 
@@ -63,7 +73,7 @@ func (e *envelope) encode() []byte {
 // checksum itself.
 func envelopeSum(b []byte) uint32 {
 	sum := crc32.Update(0, castagnoli, b[0:2])
-	sum = crc32.Update(sum, castagnoli, b[10:30])
+	sum = crc32.Update(sum, castagnoli, b[10:38])
 	return crc32.Update(sum, castagnoli, b[envelopeHeader:])
 }
 
@@ -73,7 +83,7 @@ func decodeEnvelope(b []byte) (envelope, bool) {
 	if len(b) < envelopeHeader || b[0] != envelopeVersion || b[1]&^flagNegative != 0 {
 		return envelope{}, false
 	}
-	if binary.BigEndian.Uint32(b[30:]) != envelopeSum(b) {
+	if binary.BigEndian.Uint32(b[38:]) != envelopeSum(b) {
 		return envelope{}, false
 	}
 	return envelope{
@@ -81,7 +91,8 @@ func decodeEnvelope(b []byte) (envelope, bool) {
 		fence:     binary.BigEndian.Uint64(b[2:]),
 		writtenAt: time.UnixMilli(int64(binary.BigEndian.Uint64(b[10:]))),
 		softExp:   time.UnixMilli(int64(binary.BigEndian.Uint64(b[18:]))),
-		delta:     time.Duration(binary.BigEndian.Uint32(b[26:])) * time.Microsecond,
+		staleExp:  time.UnixMilli(int64(binary.BigEndian.Uint64(b[26:]))),
+		delta:     time.Duration(binary.BigEndian.Uint32(b[34:])) * time.Microsecond,
 		payload:   b[envelopeHeader:],
 	}, true
 }

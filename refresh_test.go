@@ -419,3 +419,38 @@ func TestFreshnessCloseStopsRefreshes(t *testing.T) {
 	}
 	goleak.VerifyNone(t, baseline)
 }
+
+// SetExpiry lets the loader choose the entry's ttl and stale window.
+func TestSetExpiry(t *testing.T) {
+	for _, b := range standaloneBackends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			clk := newFakeClock()
+			c := withClock(newTestCache(t, b.rdb, nil), clk)
+			ctx := context.Background()
+			key := testKey(t)
+			load := func(ctx context.Context) ([]byte, error) {
+				SetExpiry(ctx, 10*time.Second, 50*time.Second)
+				return []byte("v"), nil
+			}
+			if _, err := c.Get(ctx, key, time.Hour, load); err != nil {
+				t.Fatal(err)
+			}
+			env, ok := decodeEnvelope([]byte(b.rdb.Get(ctx, mustKeys(t, key).value).Val()))
+			if !ok {
+				t.Fatal("no envelope stored")
+			}
+			if fresh, stale := env.softExp.Sub(env.writtenAt), env.staleExp.Sub(env.writtenAt); fresh != 10*time.Second || stale != time.Minute {
+				t.Errorf("stored fresh for %v and servable for %v, want 10s and 1m (SetExpiry over the call's 1h)", fresh, stale)
+			}
+			if pttl := b.rdb.PTTL(ctx, mustKeys(t, key).value).Val(); b.mini == nil && (pttl > time.Minute || pttl < 50*time.Second) {
+				t.Errorf("Redis PTTL = %v, want the hard TTL of about 1m", pttl)
+			}
+			clk.Advance(30 * time.Second)
+			var out Outcome
+			if _, err := c.Get(WithOutcome(ctx, &out), key, time.Hour, load); err != nil || out != OutcomeStale {
+				t.Errorf("Get 30s later: outcome %v (%v), want stale", out, err)
+			}
+			SetExpiry(ctx, time.Second, time.Second) // outside a loader: no effect, no panic
+		})
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"time"
 )
 
@@ -140,7 +141,7 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 		}
 		c.stats.hits.Add(1)
 		return env.payload, nil, true
-	case c.cfg.StaleFor > 0 && now.Before(env.softExp.Add(c.cfg.StaleFor)):
+	case now.Before(env.staleExp):
 		f.outcome = OutcomeStale
 		c.stats.staleServed.Add(1)
 		c.refreshAsync(f, env)
@@ -164,7 +165,8 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	c.stats.leads.Add(1)
 	lease.KeepAlive(c.cfg.MaxHold)
 	start := time.Now()
-	val, err := c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold))
+	exp := &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor}
+	val, err := c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), exp)
 	delta := time.Since(start)
 	lease.finish()
 	c.stats.loads.Add(1)
@@ -176,13 +178,13 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	notFound := errors.Is(err, ErrNotFound)
 	switch {
 	case err == nil:
-		ttl := c.jitter(f.ttl)
-		now := c.now()
-		c.commit(f, lease, &envelope{fence: lease.token, writtenAt: now, softExp: now.Add(ttl), delta: delta, payload: val}, ttl+c.cfg.StaleFor)
+		ttl, staleFor := exp.get()
+		c.commit(f, lease, c.newEnvelope(lease.token, val, c.jitter(ttl), staleFor, delta))
 		return val, nil
 	case notFound && c.cfg.NegativeTTL > 0:
-		now := c.now()
-		c.commit(f, lease, &envelope{negative: true, fence: lease.token, writtenAt: now, softExp: now.Add(c.cfg.NegativeTTL), delta: delta}, c.cfg.NegativeTTL+c.cfg.StaleFor)
+		env := c.newEnvelope(lease.token, nil, c.cfg.NegativeTTL, c.cfg.StaleFor, delta)
+		env.negative = true
+		c.commit(f, lease, env)
 		return nil, ErrNotFound
 	}
 
@@ -240,8 +242,9 @@ func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff tim
 // commit runs the COMMIT script. The value goes to the local callers
 // whatever happens here: a fenced or failed commit only means it is not
 // stored.
-func (c *Cache) commit(f *flight, lease *Lease, env *envelope, ttl time.Duration) {
+func (c *Cache) commit(f *flight, lease *Lease, env *envelope) {
 	b := env.encode()
+	ttl := env.staleExp.Sub(env.writtenAt) // the hard TTL in Redis
 	msg := msgWritten
 	if len(b) <= c.cfg.NotifyMaxBytes {
 		msg = string(msgValue) + string(b)
@@ -449,7 +452,7 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 		return nil, ErrClosed
 	}
 	c.stats.localLoads.Add(1)
-	val, err := c.runLoader(f.load, c.cfg.LoadTimeout)
+	val, err := c.runLoader(f.load, c.cfg.LoadTimeout, &expiry{})
 	switch {
 	case err == nil && len(val) > c.cfg.MaxValueBytes:
 		return nil, fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
@@ -467,8 +470,8 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 // error; neither reaches singleflight (which would crash the process or
 // leave DoChan callers hanging). A loader that ignores its context is
 // abandoned at the timeout; its goroutine ends when it returns.
-func (c *Cache) runLoader(load LoadFunc, timeout time.Duration) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(c.ctx, timeout)
+func (c *Cache) runLoader(load LoadFunc, timeout time.Duration, exp *expiry) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.WithValue(c.ctx, expiryKey{}, exp), timeout)
 	defer cancel()
 	type outcome struct {
 		val []byte
@@ -512,4 +515,53 @@ func (l *Lease) finish() {
 		l.expiry.Stop()
 	}
 	l.mu.Unlock()
+}
+
+// newEnvelope builds the envelope of a value written now: fresh for ttl,
+// then servable stale for staleFor.
+func (c *Cache) newEnvelope(fence uint64, val []byte, ttl, staleFor time.Duration, delta time.Duration) *envelope {
+	now := c.now()
+	return &envelope{
+		fence:     fence,
+		writtenAt: now,
+		softExp:   now.Add(ttl),
+		staleExp:  now.Add(ttl + staleFor),
+		delta:     delta,
+		payload:   val,
+	}
+}
+
+type expiryKey struct{}
+
+// expiry carries a loader's SetExpiry to the commit.
+type expiry struct {
+	mu            sync.Mutex
+	ttl, staleFor time.Duration
+}
+
+func (e *expiry) get() (ttl, staleFor time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.ttl, e.staleFor
+}
+
+// SetExpiry lets a [LoadFunc] decide how long the value it returns is
+// fresh (ttl) and then servable stale (staleFor), overriding the ttl of
+// the call and [Options.StaleFor]: for example a TTL read from the loaded
+// data, or an HTTP response's max-age. It must be called with the context
+// the loader was given, before the loader returns; elsewhere it does
+// nothing. A ttl under a millisecond or a negative staleFor is ignored.
+func SetExpiry(ctx context.Context, ttl, staleFor time.Duration) {
+	e, ok := ctx.Value(expiryKey{}).(*expiry)
+	if !ok {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if ttl >= time.Millisecond {
+		e.ttl = ttl
+	}
+	if staleFor >= 0 {
+		e.staleFor = staleFor
+	}
 }
