@@ -63,6 +63,9 @@ type Cache struct {
 	closed bool
 	wg     sync.WaitGroup // running flights and background refreshes
 
+	fillMu sync.Mutex
+	fills  map[string]*localFill // Begin's fills running in this process
+
 	refreshMu  sync.Mutex
 	refreshing map[string]struct{} // keys with a background refresh in this process
 	refreshSem chan struct{}       // bounds background refreshes
@@ -93,6 +96,7 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		local:  make(chan struct{}, cfg.MaxLocalLoads),
 		brk:    breaker{threshold: cfg.BreakerThreshold, cooldown: cfg.BreakerCooldown},
 
+		fills:      make(map[string]*localFill),
 		refreshing: make(map[string]struct{}),
 		refreshSem: make(chan struct{}, cfg.MaxRefreshes),
 		now:        time.Now,

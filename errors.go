@@ -61,6 +61,12 @@ var (
 	// is never stored.
 	ErrValueTooLarge = errors.New("herd: value too large")
 
+	// ErrNotShared is what [Fill.Abort] is given when the value the caller
+	// built must not be shared or stored (an HTTP response for one user,
+	// say). The callers waiting on that rebuild, in every process, get an
+	// error wrapping it and build the value themselves.
+	ErrNotShared = errors.New("herd: value not shared")
+
 	// ErrUnavailable wraps the Redis error a Cache with
 	// [Options.FailClosed] returns when Redis cannot be reached or its
 	// circuit breaker is open. Without FailClosed the Cache fails open and

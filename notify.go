@@ -18,9 +18,10 @@ const (
 
 // Failure kinds after msgFailed.
 const (
-	failError    = 'e' // the loader returned an error
-	failPanic    = 'p' // the loader panicked
-	failNotFound = 'n' // the loader returned ErrNotFound and negatives are not cached
+	failError     = 'e' // the loader returned an error
+	failPanic     = 'p' // the loader panicked
+	failNotFound  = 'n' // the loader returned ErrNotFound and negatives are not cached
+	failNotShared = 'u' // the value is not for sharing (Fill.Abort with ErrNotShared)
 )
 
 // notifier multiplexes every wake-up channel a Locker or Cache listens to
@@ -59,8 +60,9 @@ type notifier struct {
 
 // psConn is one pub/sub connection and its dispatcher.
 type psConn struct {
-	ps   *redis.PubSub
-	done chan struct{} // closed when the dispatcher has exited
+	ready chan struct{} // closed once ps is set and subscribed to its first channel
+	ps    *redis.PubSub
+	done  chan struct{} // closed when the dispatcher has exited
 }
 
 type topic struct {
@@ -146,11 +148,13 @@ func (n *notifier) subscribe(ctx context.Context, channel string) (sub *subscrip
 		return nil, false, ErrClosed
 	}
 	t := n.topics[channel]
+	creating := false
 	if t == nil {
 		conn := n.conns[addr]
 		if conn == nil {
-			conn = n.dial(sharded)
+			conn = &psConn{ready: make(chan struct{}), done: make(chan struct{})}
 			n.conns[addr] = conn
+			creating = true
 		}
 		t = &topic{conn: conn, subs: make(map[*subscription]struct{})}
 		n.topics[channel] = t
@@ -158,33 +162,46 @@ func (n *notifier) subscribe(ctx context.Context, channel string) (sub *subscrip
 	t.refs++
 	sub = &subscription{n: n, channel: channel, C: make(chan notice, 1)}
 	t.subs[sub] = struct{}{}
-	first, live, ps := t.refs == 1, t.live, t.conn.ps
+	first, live, conn := t.refs == 1, t.live, t.conn
 	n.mu.Unlock()
 
 	if first {
 		n.cmdMu.Lock()
-		if sharded {
-			err = ps.SSubscribe(ctx, channel)
+		if creating {
+			err = n.dial(ctx, conn, sharded, channel)
 		} else {
-			err = ps.Subscribe(ctx, channel)
+			<-conn.ready
+			err = subscribeTo(ctx, conn.ps, sharded, channel)
 		}
 		n.cmdMu.Unlock()
 	}
 	return sub, live, err
 }
 
-// dial creates a pub/sub connection (lazily connected by go-redis) and
-// starts its dispatcher. n.mu is held.
-func (n *notifier) dial(sharded bool) *psConn {
-	var ps *redis.PubSub
+// dial creates conn's pub/sub connection, subscribed to its first channel,
+// and then starts its dispatcher. The subscription must come first: with
+// sharded pub/sub go-redis connects to the master of the first channel's
+// slot, whereas a dispatcher that started receiving on an empty PubSub
+// would connect it to a random node.
+func (n *notifier) dial(ctx context.Context, conn *psConn, sharded bool, channel string) error {
 	if sharded {
-		ps = n.cluster.SSubscribe(context.Background())
+		conn.ps = n.cluster.SSubscribe(context.Background())
 	} else {
-		ps = n.rdb.Subscribe(context.Background())
+		conn.ps = n.rdb.Subscribe(context.Background())
 	}
-	c := &psConn{ps: ps, done: make(chan struct{})}
-	go n.dispatch(ps.ChannelWithSubscriptions(redis.WithChannelSize(256)), c.done)
-	return c
+	// On error go-redis keeps the channel and subscribes it when the
+	// connection comes back.
+	err := subscribeTo(ctx, conn.ps, sharded, channel)
+	go n.dispatch(conn.ps.ChannelWithSubscriptions(redis.WithChannelSize(256)), conn.done)
+	close(conn.ready)
+	return err
+}
+
+func subscribeTo(ctx context.Context, ps *redis.PubSub, sharded bool, channel string) error {
+	if sharded {
+		return ps.SSubscribe(ctx, channel)
+	}
+	return ps.Subscribe(ctx, channel)
 }
 
 // release ends the subscription. It is safe to call more than once.
@@ -285,6 +302,7 @@ func (n *notifier) close() error {
 	n.mu.Unlock()
 	var first error
 	for _, c := range conns {
+		<-c.ready
 		if err := c.ps.Close(); err != nil && first == nil {
 			first = err
 		}

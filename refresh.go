@@ -74,6 +74,9 @@ func (c *Cache) xfetchDue(env envelope, now time.Time) bool {
 // already running in this process or the pool of MaxRefreshes is full
 // (then it is dropped and counted: the next stale hit tries again).
 func (c *Cache) refreshAsync(f *flight, seen envelope) {
+	if f.load == nil {
+		return // Begin without a refresh function
+	}
 	c.refreshMu.Lock()
 	defer c.refreshMu.Unlock()
 	if _, busy := c.refreshing[f.key]; busy {

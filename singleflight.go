@@ -23,8 +23,17 @@ type flight struct {
 	key     string
 	keys    keyFamily
 	ttl     time.Duration
-	load    LoadFunc
-	outcome Outcome // how the flight ended, for the callers
+	load    LoadFunc // nil for Begin: the caller builds the value
+	outcome Outcome  // how the flight ended, for the callers
+	env     envelope // the envelope that answered the flight, if any
+
+	// For Begin only: the caller's context bounds the follower's wait, and
+	// a lease won while following is handed to the caller (claim) instead
+	// of running a loader; unleased asks the caller to build the value
+	// without a lease (the wait budget is spent).
+	caller   context.Context
+	claim    *Lease
+	unleased bool
 }
 
 // flightResult is what a flight hands to singleflight, with or without an
@@ -123,6 +132,7 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 // a refresh). done is false when the envelope is past both.
 func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done bool) {
 	now := c.now()
+	f.env = env
 	switch {
 	case now.Before(env.softExp):
 		switch {
@@ -215,9 +225,9 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 		// Stale-if-error: the stale value stays servable until its hard
 		// TTL; refreshes back off cluster-wide so the failing source is
 		// not called on every hit.
-		c.stats.refreshErrors.Add(1)
-		c.log(slog.LevelWarn, "herd: refresh failed; serving the stale value while refreshes back off", "key", f.key, "err", err)
 		c.releaseDetached(f, lease, msg, c.cfg.RefreshBackoff)
+		c.stats.refreshErrors.Add(1) // after the backoff is in Redis
+		c.log(slog.LevelWarn, "herd: refresh failed; serving the stale value while refreshes back off", "key", f.key, "err", err)
 	} else {
 		c.releaseDetached(f, lease, msg, 0)
 	}
@@ -284,6 +294,10 @@ func (c *Cache) follow(f *flight, pttl time.Duration) ([]byte, error) {
 	} else if p > 0 {
 		pttl = p
 	}
+	var callerDone <-chan struct{}
+	if f.caller != nil {
+		callerDone = f.caller.Done()
+	}
 
 	budget := c.cfg.WaitTimeout
 	if budget == 0 {
@@ -317,6 +331,8 @@ func (c *Cache) follow(f *flight, pttl time.Duration) ([]byte, error) {
 		select {
 		case <-c.ctx.Done():
 			return nil, ErrClosed
+		case <-callerDone:
+			return nil, f.caller.Err()
 		case <-limit.C:
 			c.stats.waitTimeouts.Add(1)
 			return c.fallback(f, budget)
@@ -350,18 +366,26 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 		if !ok {
 			return nil, nil, false
 		}
+		f.env = env
 		c.calib.Observe(c.cfg.KeyClass(f.key), env.delta)
 		if env.negative {
 			return nil, ErrNotFound, true
 		}
 		return env.payload, nil, true
 	case msgFailed:
-		if len(nt.payload) >= 2 && nt.payload[1] == failNotFound {
-			return nil, ErrNotFound, true
+		kind := byte(failError)
+		if len(nt.payload) >= 2 {
+			kind = nt.payload[1]
 		}
 		text := ""
 		if len(nt.payload) > 2 {
 			text = nt.payload[2:]
+		}
+		switch kind {
+		case failNotFound:
+			return nil, ErrNotFound, true
+		case failNotShared:
+			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, text), true
 		}
 		return nil, fmt.Errorf("%w: %q: the rebuilding process reported: %s", ErrLoadFailed, f.key, text), true
 	}
@@ -389,6 +413,10 @@ func (c *Cache) check(f *flight) (val []byte, err error, done bool, pttl time.Du
 	case lease != nil:
 		c.stats.takeovers.Add(1)
 		f.outcome = OutcomeLeader
+		if f.load == nil {
+			f.claim = lease // Begin: the caller builds the value
+			return nil, nil, true, 0
+		}
 		v, err := c.lead(f, lease, false)
 		return v, err, true, 0
 	}
@@ -441,6 +469,10 @@ func (c *Cache) redisFailed(err error) {
 // loadLocal runs the loader without a lease and without storing the
 // result, bounded by MaxLocalLoads concurrent runs in this process.
 func (c *Cache) loadLocal(f *flight) ([]byte, error) {
+	if f.load == nil {
+		f.unleased = true // Begin: the caller builds it, unstored
+		return nil, nil
+	}
 	wait := time.NewTimer(c.cfg.LoadTimeout)
 	defer wait.Stop()
 	select {

@@ -1,0 +1,267 @@
+package herd
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Hit is a value [Cache.Begin] found in Redis or received from the caller
+// that built it.
+type Hit struct {
+	Value     []byte    // the caller's own copy
+	Outcome   Outcome   // hit, stale, early-refresh, negative or follower
+	WrittenAt time.Time // when the value was built (for an HTTP Age header)
+	Expires   time.Time // the end of its fresh period
+}
+
+// Fill is a rebuild that the caller performs itself, returned by
+// [Cache.Begin]: build the value, then call [Fill.Commit], or
+// [Fill.Abort] if there is none. Exactly one of them takes effect;
+// deferring Abort is safe. Until then the key's lease is held (and
+// renewed) and other callers of the key, in this process and others,
+// wait for the outcome.
+type Fill struct {
+	c     *Cache
+	f     *flight
+	lease *Lease // nil when the rebuild is not leased (see Leased)
+	start time.Time
+	local *localFill // this process's waiters, when registered
+	once  sync.Once
+}
+
+// localFill lets callers of Begin in the same process wait for a Fill.
+type localFill struct {
+	done chan struct{}
+	hit  *Hit  // set before done is closed on Commit
+	err  error // set before done is closed on Abort
+}
+
+// Begin looks up key for a caller that builds missing values itself, in
+// its own goroutine: the HTTP middleware, which must run a handler in the
+// request's goroutine. It returns one of:
+//
+//   - a *Hit: a fresh value, a stale one within its stale window (then
+//     refresh, if not nil, runs in the background under the key's lease,
+//     as for [Cache.Get]), or the value another caller just built;
+//   - a *Fill: this caller must build the value and Commit or Abort it.
+//     When [Fill.Leased] is false the rebuild is not leased (Redis is
+//     unreachable, or the wait budget for another process's rebuild was
+//     spent with Fallback LoadLocally): build it for this caller only.
+//   - an error: [ErrNotFound] (a negative entry), ErrLoadFailed (the
+//     rebuild this caller waited on failed; calling Begin again makes a
+//     new leader), [ErrNotShared] (that rebuild was not for sharing: build
+//     it yourself), [ErrWaitTimeout], [ErrUnavailable], ctx.Err(), or the
+//     argument errors of Get.
+//
+// Callers in one process that arrive while a Fill of theirs is running
+// wait for it rather than for Redis. Unlike Get, each call's Redis work is
+// its own: the local tier is the Fill registry, not a single-flight.
+func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refresh LoadFunc) (*Hit, *Fill, error) {
+	if err := checkTTL(ttl); err != nil {
+		return nil, nil, err
+	}
+	keys, err := makeKeys(c.cfg.Prefix, key)
+	if err != nil {
+		return nil, nil, err
+	}
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		return nil, nil, ErrClosed
+	}
+	c.wg.Add(1)
+	c.mu.RUnlock()
+	defer c.wg.Done()
+
+	if hit, err, waited := c.waitLocalFill(ctx, key); waited {
+		return hit, nil, err
+	}
+	f := &flight{key: key, keys: keys, ttl: ttl, load: refresh, caller: ctx}
+	val, err := c.begin(f)
+	switch {
+	case f.claim != nil || f.unleased:
+		return nil, c.newFill(f, f.claim), nil
+	case err != nil:
+		return nil, nil, err
+	}
+	return &Hit{Value: bytes.Clone(val), Outcome: f.outcome, WrittenAt: f.env.writtenAt, Expires: f.env.softExp}, nil, nil
+}
+
+// begin is run for Begin: a won lease becomes f.claim rather than a load.
+func (c *Cache) begin(f *flight) ([]byte, error) {
+	load := f.load
+	f.load = nil // no loader runs in the caller's flight; refreshes use load
+	defer func() { f.load = load }()
+	if !c.brk.allow() {
+		return c.redisDown(f, errBreakerOpen)
+	}
+	env, ok, err := c.read(f)
+	if err != nil {
+		return c.redisDown(f, err)
+	}
+	if ok {
+		f.load = load // a stale or early hit starts its refresh with it
+		v, err, done := c.served(f, env)
+		f.load = nil
+		if done {
+			return v, err
+		}
+	}
+	c.stats.misses.Add(1)
+	lease, v, err, done, pttl := c.acquire(f)
+	switch {
+	case done:
+		return v, err
+	case lease != nil:
+		c.stats.leads.Add(1)
+		f.outcome, f.claim = OutcomeLeader, lease
+		return nil, nil
+	case errors.Is(err, ErrLeaseHeld):
+		f.outcome = OutcomeFollower
+		return c.follow(f, pttl)
+	default:
+		return c.redisDown(f, err)
+	}
+}
+
+// waitLocalFill waits for a Fill of key that a caller in this process is
+// running. waited is false when there is none.
+func (c *Cache) waitLocalFill(ctx context.Context, key string) (hit *Hit, err error, waited bool) {
+	c.fillMu.Lock()
+	lf := c.fills[key]
+	c.fillMu.Unlock()
+	if lf == nil {
+		return nil, nil, false
+	}
+	budget := c.cfg.WaitTimeout
+	if budget == 0 {
+		budget = 2 * c.leaseFor(key)
+	}
+	limit := time.NewTimer(budget)
+	defer limit.Stop()
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err(), true
+	case <-c.ctx.Done():
+		return nil, ErrClosed, true
+	case <-limit.C:
+		c.stats.waitTimeouts.Add(1)
+		return nil, fmt.Errorf("%w: %q: no value after waiting %v for this process's rebuild", ErrWaitTimeout, key, budget), true
+	case <-lf.done:
+	}
+	if lf.err != nil {
+		return nil, lf.err, true
+	}
+	h := *lf.hit
+	h.Value = bytes.Clone(h.Value)
+	h.Outcome = OutcomeFollower
+	return &h, nil, true
+}
+
+func (c *Cache) newFill(f *flight, lease *Lease) *Fill {
+	fl := &Fill{c: c, f: f, lease: lease, start: time.Now()}
+	if lease != nil {
+		lease.KeepAlive(c.cfg.MaxHold)
+	}
+	c.fillMu.Lock()
+	if c.fills[f.key] == nil {
+		fl.local = &localFill{done: make(chan struct{})}
+		c.fills[f.key] = fl.local
+	}
+	c.fillMu.Unlock()
+	return fl
+}
+
+// Leased reports whether this Fill holds the key's lease, that is whether
+// Commit stores the value and wakes the other processes. An unleased Fill
+// (Redis unreachable, or the wait budget spent) serves only this process.
+func (fl *Fill) Leased() bool { return fl.lease != nil }
+
+// Commit stores val for ttl, servable stale for staleFor afterwards, if
+// the Fill is leased and its fence is still current, and hands it to every
+// caller waiting on the key. It runs under the Cache's own context, not a
+// caller's: others wait for it. It returns [ErrInvalidTTL] or
+// [ErrValueTooLarge] (and then aborts the Fill); a failed or fenced write
+// is counted in [Stats], logged, and not an error (the value still
+// reaches the local waiters). Calls after the first Commit or Abort do
+// nothing and return nil.
+func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
+	err := checkTTL(ttl)
+	if err == nil && len(val) > fl.c.cfg.MaxValueBytes {
+		err = fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(val), fl.c.cfg.MaxValueBytes)
+	}
+	if err != nil {
+		fl.Abort(err)
+		return err
+	}
+	fl.once.Do(func() {
+		c := fl.c
+		delta := time.Since(fl.start)
+		env := c.newEnvelope(0, val, c.jitter(ttl), max(staleFor, 0), delta)
+		if fl.lease != nil {
+			fl.lease.finish()
+			c.stats.loads.Add(1)
+			c.calib.Observe(c.cfg.KeyClass(fl.f.key), delta)
+			env.fence = fl.lease.token
+			c.commit(fl.f, fl.lease, env)
+		}
+		fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: env.writtenAt, Expires: env.softExp}, nil)
+	})
+	return nil
+}
+
+// Abort ends the Fill without a value. The lease is released at once and
+// the waiting callers are told: with a cause wrapping [ErrNotShared] they
+// get ErrNotShared and build the value themselves; with a *PanicError or
+// any other cause they get an error wrapping [ErrLoadFailed] (calling
+// Begin again makes one of them the new leader). A nil cause counts as a
+// plain failure. Calls after the first Commit or Abort do nothing.
+func (fl *Fill) Abort(cause error) {
+	fl.once.Do(func() {
+		c := fl.c
+		if cause == nil {
+			cause = errors.New("aborted")
+		}
+		kind := byte(failError)
+		var pe *PanicError
+		switch {
+		case errors.Is(cause, ErrNotShared):
+			kind = failNotShared
+		case errors.As(cause, &pe):
+			kind = failPanic
+		}
+		err := cause
+		if kind != failNotShared {
+			c.stats.loadErrors.Add(1)
+			err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, fl.f.key, cause)
+		}
+		if fl.lease != nil {
+			fl.lease.finish()
+			text := err.Error()
+			if len(text) > maxFailText {
+				text = text[:maxFailText]
+			}
+			c.releaseDetached(fl.f, fl.lease, string([]byte{msgFailed, kind})+text, 0)
+		}
+		fl.resolve(nil, err)
+	})
+}
+
+// resolve hands the outcome to this process's waiters.
+func (fl *Fill) resolve(hit *Hit, err error) {
+	if fl.local == nil {
+		return
+	}
+	c := fl.c
+	c.fillMu.Lock()
+	if c.fills[fl.f.key] == fl.local {
+		delete(c.fills, fl.f.key)
+	}
+	c.fillMu.Unlock()
+	fl.local.hit, fl.local.err = hit, err
+	close(fl.local.done)
+}
