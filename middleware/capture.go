@@ -1,0 +1,145 @@
+package middleware
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"net"
+	"net/http"
+)
+
+// captureWriter records a handler's response so it can be stored and
+// shared. It buffers up to max body bytes; past that, or when the handler
+// flushes or hijacks, it switches to pass-through: what was buffered is
+// written to the client and the rest streams, and the response is marked
+// uncacheable. It decides the response exactly once.
+//
+// With a nil client it only records (a background refresh, which has no
+// client); pass-through then means "uncacheable" and the rest is dropped.
+type captureWriter struct {
+	client http.ResponseWriter // nil for a background refresh
+	header http.Header
+	max    int
+	head   bool // a HEAD request: the body is recorded, not sent
+
+	status      int
+	wroteHeader bool
+	buf         bytes.Buffer
+	passthrough bool // streaming to the client: not cacheable
+	hijacked    bool
+	overflow    bool // passthrough because the body outgrew max
+}
+
+func newCaptureWriter(client http.ResponseWriter, max int, head bool) *captureWriter {
+	h := http.Header{}
+	if client != nil {
+		h = client.Header()
+	}
+	return &captureWriter{client: client, header: h, max: max, head: head}
+}
+
+func (w *captureWriter) Header() http.Header { return w.header }
+
+func (w *captureWriter) WriteHeader(code int) {
+	if w.wroteHeader || w.hijacked {
+		return
+	}
+	if code >= 100 && code < 200 && code != http.StatusSwitchingProtocols {
+		// Informational (103 Early Hints): forward, do not record.
+		if w.client != nil {
+			w.client.WriteHeader(code)
+		}
+		return
+	}
+	w.status, w.wroteHeader = code, true
+}
+
+func (w *captureWriter) Write(p []byte) (int, error) {
+	if w.hijacked {
+		return 0, http.ErrHijacked
+	}
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.passthrough {
+		return w.toClient(p)
+	}
+	if w.buf.Len()+len(p) > w.max {
+		w.overflow = true
+		if err := w.startPassthrough(); err != nil {
+			return 0, err
+		}
+		return w.toClient(p)
+	}
+	return w.buf.Write(p)
+}
+
+func (w *captureWriter) toClient(p []byte) (int, error) {
+	if w.client == nil || w.head {
+		return len(p), nil
+	}
+	return w.client.Write(p)
+}
+
+// startPassthrough sends the status and what was buffered, and streams
+// from then on.
+func (w *captureWriter) startPassthrough() error {
+	if w.passthrough {
+		return nil
+	}
+	w.passthrough = true
+	if w.client == nil {
+		return nil
+	}
+	w.header.Set("Cache-Status", statusBypass)
+	w.client.WriteHeader(w.status)
+	if w.buf.Len() > 0 && !w.head {
+		if _, err := w.client.Write(w.buf.Bytes()); err != nil {
+			return err
+		}
+	}
+	w.buf.Reset()
+	return nil
+}
+
+// Flush makes the response a stream: it goes to the client now and is
+// not cached.
+func (w *captureWriter) Flush() { _ = w.FlushError() }
+
+// FlushError is Flush for http.ResponseController.
+func (w *captureWriter) FlushError() error {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if err := w.startPassthrough(); err != nil {
+		return err
+	}
+	if w.client == nil {
+		return nil
+	}
+	return http.NewResponseController(w.client).Flush()
+}
+
+// Hijack hands the connection to the handler; the response is not cached.
+func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	if w.client == nil {
+		return nil, nil, errors.New("herd/middleware: hijack during a background refresh")
+	}
+	conn, rw, err := http.NewResponseController(w.client).Hijack()
+	if err == nil {
+		w.hijacked, w.passthrough = true, true
+	}
+	return conn, rw, err
+}
+
+// Unwrap lets http.ResponseController reach the client's other methods
+// (deadlines, full-duplex).
+func (w *captureWriter) Unwrap() http.ResponseWriter { return w.client }
+
+// finalStatus is the recorded status (200 when the handler wrote nothing).
+func (w *captureWriter) finalStatus() int {
+	if !w.wroteHeader {
+		return http.StatusOK
+	}
+	return w.status
+}

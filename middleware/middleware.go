@@ -1,0 +1,484 @@
+// Package middleware is herd's HTTP middleware for read paths: across a
+// whole fleet of instances that share a Redis, one request runs the
+// handler for a cold URL, and every other request, in every instance, is
+// served its response.
+//
+// It works with any router that takes func(http.Handler) http.Handler:
+//
+//	mux := http.NewServeMux()
+//	mux.Handle("GET /products/{id}", middleware.New(cache, nil)(productHandler))
+//
+//	r := chi.NewRouter()
+//	r.Use(middleware.New(cache, &middleware.Options{TTL: 30 * time.Second}))
+//	r.With(middleware.New(cache, nil)).Get("/catalog", catalogHandler)
+//
+// # What is cached
+//
+// Only GET and HEAD requests are looked up (HEAD is served from the GET
+// entry, without a body); other methods pass through untouched. Requests
+// with Authorization or Cookie bypass the cache unless
+// [Options.AllowAuthorized] is set or those headers are part of the key,
+// as do requests with a body, a Range header, or for which KeyFunc says
+// no. A response is stored only if its status has a TTL (by default 200
+// and 301 for TTL, 404 for a short NotFoundTTL; never 5xx or 206), its
+// body fits [Options.MaxBodyBytes], it sets no cookie, its Cache-Control
+// is not private, no-store or no-cache, every header it varies on (Vary)
+// is part of the key, and the handler neither flushed nor hijacked.
+// Hop-by-hop headers, Set-Cookie, Date and Age are never stored; Date is
+// regenerated and Age computed when serving.
+//
+// # How waiting requests are served
+//
+// The first request for a cold URL runs the handler, in its own goroutine
+// (so a panic reaches an outer Recoverer as usual). Requests that arrive
+// meanwhile wait for its response, in this instance and in others. If the
+// response cannot be shared (it set a cookie, is private, streamed, or
+// outgrew MaxBodyBytes), the waiters run the handler themselves. If it
+// failed (a 5xx, a panic, the client went away), one waiter becomes the
+// new leader and the others wait for it once more; after a second failure
+// they get [Options.ErrorHandler]'s response. No wait outlasts
+// [Options.WaitTimeout]; then the request runs the handler itself.
+//
+// Responses carry Cache-Status (RFC 9211): "herd; hit", "herd;
+// fwd=stale" (a stale response served while one refresh runs), "herd;
+// fwd=miss" (stored when it was stored; collapsed when the request waited
+// for another's response), or "herd; fwd=bypass". Served entries carry an
+// ETag (the handler's, or a hash of the body) and answer If-None-Match
+// with 304.
+//
+// # Security
+//
+// The key is scheme, host, path and canonical query, plus
+// [Options.KeyHeaders]. A handler must not read request headers that are
+// not in the key on a cached route (X-Forwarded-Host and the like): the
+// response of the first request would be served to everyone. Responses
+// that vary on a header outside the key are not stored.
+package middleware
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/textproto"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/herdkit/herd"
+)
+
+// Cache-Status values (RFC 9211), with herd as the cache's name.
+const (
+	statusHit       = "herd; hit"
+	statusStale     = "herd; fwd=stale"
+	statusMiss      = "herd; fwd=miss"
+	statusStored    = "herd; fwd=miss; stored"
+	statusCollapsed = "herd; fwd=miss; collapsed"
+	statusBypass    = "herd; fwd=bypass"
+)
+
+// Options configures the middleware. A nil *Options, and every zero field,
+// means the documented default. Invalid values make [New] panic.
+type Options struct {
+	// TTL is how long a stored 200 or 301 response is fresh. Default: 1m.
+	TTL time.Duration
+
+	// StaleFor keeps a response servable that long after it goes stale:
+	// a stale hit is served at once while one request in the cluster
+	// refreshes it in the background. Default: 0.
+	StaleFor time.Duration
+
+	// StatusTTL maps the response statuses that may be stored to their
+	// TTL; a status not in it is not stored. Default: 200 and 301 for TTL,
+	// 404 for NotFoundTTL. 5xx, 206 and 1xx are never stored: New panics
+	// if they are listed.
+	StatusTTL map[int]time.Duration
+
+	// NotFoundTTL is the default StatusTTL of 404. Default: 10s.
+	NotFoundTTL time.Duration
+
+	// KeyFunc, if set, replaces the default key (scheme, host, path,
+	// canonical query and KeyHeaders); returning ok false bypasses the
+	// cache for the request. The key must include everything the response
+	// depends on.
+	KeyFunc func(r *http.Request) (key string, ok bool)
+
+	// KeyHeaders are request headers that become part of the key, for
+	// handlers whose response depends on them (Accept-Language, say).
+	// Listing Authorization or Cookie here makes credentialed requests
+	// cacheable per credential.
+	KeyHeaders []string
+
+	// MaxBodyBytes is the largest body stored. A larger response streams
+	// to its own client, uncached, and the requests waiting for it run the
+	// handler themselves. Default: 1 MiB.
+	MaxBodyBytes int
+
+	// RespectCacheControl takes a stored response's TTL from its
+	// s-maxage or max-age (0 means not stored) instead of StatusTTL.
+	RespectCacheControl bool
+
+	// AllowAuthorized lets requests with Authorization or Cookie use the
+	// cache. A response to a request with Authorization is then stored
+	// only if it says public, s-maxage or must-revalidate (RFC 9111
+	// §3.5).
+	AllowAuthorized bool
+
+	// WaitTimeout bounds how long a request waits for another request's
+	// response before running the handler itself. Default: the Cache's
+	// wait budget.
+	WaitTimeout time.Duration
+
+	// ErrorHandler writes the response of a request that waited on a
+	// rebuild that failed twice. Default: 502 Bad Gateway with a short
+	// text body.
+	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
+
+	// Logger receives store decisions (debug) and failures (warn).
+	// Default: silent.
+	Logger *slog.Logger
+}
+
+type config struct {
+	Options
+	keyHeaders []string // canonical
+	credKeyed  bool     // Authorization or Cookie is part of the key
+}
+
+func (o *Options) resolve() config {
+	var c config
+	if o != nil {
+		c.Options = *o
+	}
+	for name, d := range map[string]time.Duration{"TTL": c.TTL, "StaleFor": c.StaleFor, "NotFoundTTL": c.NotFoundTTL, "WaitTimeout": c.WaitTimeout} {
+		if d < 0 {
+			panic(fmt.Sprintf("herd/middleware: Options.%s is negative (%v)", name, d))
+		}
+	}
+	if c.TTL == 0 {
+		c.TTL = time.Minute
+	}
+	if c.TTL < time.Millisecond {
+		panic(fmt.Sprintf("herd/middleware: Options.TTL %v is below 1ms", c.TTL))
+	}
+	if c.NotFoundTTL == 0 {
+		c.NotFoundTTL = 10 * time.Second
+	}
+	if c.MaxBodyBytes < 0 {
+		panic(fmt.Sprintf("herd/middleware: Options.MaxBodyBytes is negative (%d)", c.MaxBodyBytes))
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 1 << 20
+	}
+	if c.StatusTTL == nil {
+		c.StatusTTL = map[int]time.Duration{200: c.TTL, 301: c.TTL, 404: c.NotFoundTTL}
+	}
+	for code, d := range c.StatusTTL {
+		if code < 200 || code > 599 || code >= 500 || code == http.StatusPartialContent {
+			panic(fmt.Sprintf("herd/middleware: status %d may not be cached (5xx, 206 and 1xx never are)", code))
+		}
+		if d < time.Millisecond {
+			panic(fmt.Sprintf("herd/middleware: StatusTTL[%d] = %v is below 1ms", code, d))
+		}
+	}
+	if c.ErrorHandler == nil {
+		c.ErrorHandler = defaultErrorHandler
+	}
+	for _, h := range c.KeyHeaders {
+		if h == "" || strings.ContainsAny(h, " :\r\n") {
+			panic(fmt.Sprintf("herd/middleware: invalid KeyHeaders entry %q", h))
+		}
+		ch := textproto.CanonicalMIMEHeaderKey(h)
+		c.keyHeaders = append(c.keyHeaders, ch)
+		if ch == "Authorization" || ch == "Cookie" {
+			c.credKeyed = true
+		}
+	}
+	slices.Sort(c.keyHeaders)
+	c.keyHeaders = slices.Compact(c.keyHeaders)
+	return c
+}
+
+func defaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
+	http.Error(w, "502 bad gateway: the response could not be built", http.StatusBadGateway)
+}
+
+// New returns the middleware, caching in c. It panics on a nil Cache or
+// an invalid option.
+func New(c *herd.Cache, opt *Options) func(http.Handler) http.Handler {
+	if c == nil {
+		panic("herd/middleware: New with a nil Cache")
+	}
+	cfg := opt.resolve()
+	return func(next http.Handler) http.Handler {
+		if next == nil {
+			panic("herd/middleware: nil handler")
+		}
+		return &handler{c: c, cfg: cfg, next: next}
+	}
+}
+
+type handler struct {
+	c    *herd.Cache
+	cfg  config
+	next http.Handler
+}
+
+// Causes of a leader's failure after which one waiter leads instead.
+var (
+	errServerError = errors.New("herd/middleware: the handler answered with a server error")
+	errClientGone  = errors.New("herd/middleware: the leading request's client went away")
+)
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key, ok := h.key(r)
+	if !ok {
+		w.Header().Set("Cache-Status", statusBypass)
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	ctx := r.Context()
+	for attempt := 0; ; attempt++ {
+		wctx, cancel := ctx, context.CancelFunc(func() {})
+		if h.cfg.WaitTimeout > 0 {
+			wctx, cancel = context.WithTimeout(ctx, h.cfg.WaitTimeout)
+		}
+		hit, fill, err := h.c.Begin(wctx, key, h.cfg.TTL, h.refresher(r))
+		cancel()
+		switch {
+		case hit != nil:
+			h.serveHit(w, r, hit)
+			return
+		case fill != nil:
+			h.lead(w, r, fill)
+			return
+		case ctx.Err() != nil:
+			return // the client went away
+		case errors.Is(err, herd.ErrLoadFailed) && attempt == 0:
+			continue // the leader failed: one of the waiters leads now
+		case errors.Is(err, herd.ErrLoadFailed):
+			h.log(slog.LevelWarn, "herd/middleware: the response failed twice; answering with ErrorHandler", "key", key, "err", err)
+			h.cfg.ErrorHandler(w, r, err)
+			return
+		default:
+			// Not shared, wait budget spent, Redis unavailable, a
+			// foreign value: serve this request directly, uncached.
+			h.log(slog.LevelDebug, "herd/middleware: serving uncached", "key", key, "err", err)
+			w.Header().Set("Cache-Status", statusBypass)
+			h.next.ServeHTTP(w, r)
+			return
+		}
+	}
+}
+
+// key returns the request's cache key, or false to bypass the cache.
+func (h *handler) key(r *http.Request) (string, bool) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead {
+		return "", false
+	}
+	if r.ContentLength > 0 || len(r.TransferEncoding) > 0 || r.Header.Get("Range") != "" {
+		return "", false
+	}
+	if !h.cfg.AllowAuthorized && !h.cfg.credKeyed && (r.Header.Get("Authorization") != "" || r.Header.Get("Cookie") != "") {
+		return "", false
+	}
+	if h.cfg.KeyFunc != nil {
+		k, ok := h.cfg.KeyFunc(r)
+		if !ok || k == "" {
+			return "", false
+		}
+		return "herd-http/custom|" + k, true
+	}
+	return defaultKey(r, h.cfg.keyHeaders), true
+}
+
+// serveHit writes a stored response.
+func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit) {
+	e, err := decodeEntry(hit.Value)
+	if err != nil {
+		// Not ours (another writer under the same key): run the handler.
+		h.log(slog.LevelWarn, "herd/middleware: stored value is not a response; bypassing", "err", err)
+		w.Header().Set("Cache-Status", statusBypass)
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	status := statusHit
+	switch hit.Outcome {
+	case herd.OutcomeStale:
+		status = statusStale
+	case herd.OutcomeFollower:
+		status = statusCollapsed
+	}
+	if hit.Outcome == herd.OutcomeHit || hit.Outcome == herd.OutcomeEarlyRefresh {
+		status += "; ttl=" + strconv.FormatInt(int64(time.Until(hit.Expires)/time.Second), 10)
+	}
+	age := max(time.Since(hit.WrittenAt), 0)
+	h.write(w, r, e, status, age)
+}
+
+// write sends e with the herd headers, or 304 when If-None-Match matches.
+func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status string, age time.Duration) {
+	dst := w.Header()
+	for name, vs := range e.header {
+		dst[name] = slices.Clone(vs)
+	}
+	dst.Set("Cache-Status", status)
+	dst.Set("Age", strconv.FormatInt(int64(age/time.Second), 10))
+	if inm := r.Header.Get("If-None-Match"); inm != "" && etagMatch(inm, dst.Get("Etag")) && (e.status == http.StatusOK) {
+		for _, f := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
+			dst.Del(f)
+		}
+		w.WriteHeader(http.StatusNotModified)
+		return
+	}
+	dst.Set("Content-Length", strconv.Itoa(len(e.body)))
+	w.WriteHeader(e.status)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(e.body)
+	}
+}
+
+// lead runs the handler for a Fill and stores, shares or abandons its
+// response. A panic is re-raised after the Fill is aborted, so an outer
+// recoverer sees it.
+func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) {
+	head := r.Method == http.MethodHead
+	req := r
+	if head {
+		// Build the GET entry; this client gets its headers only.
+		req = r.Clone(r.Context())
+		req.Method = http.MethodGet
+	}
+	before := w.Header().Clone()
+	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
+	done := false
+	defer func() {
+		if done {
+			return
+		}
+		v := recover()
+		fill.Abort(&herd.PanicError{Value: v, Stack: debug.Stack()})
+		if v != nil {
+			panic(v)
+		}
+	}()
+	h.next.ServeHTTP(cw, req)
+	done = true
+
+	if cw.passthrough {
+		// Streamed or hijacked: the client has it; waiters serve themselves.
+		fill.Abort(herd.ErrNotShared)
+		return
+	}
+	e := &entry{status: cw.finalStatus(), header: storedHeader(w.Header(), before), body: cw.buf.Bytes()}
+	ttl, shared, why := h.decide(r, e, w.Header())
+	switch {
+	case r.Context().Err() != nil:
+		fill.Abort(errClientGone) // maybe a partial body: never stored
+		return
+	case ttl > 0 && fill.Leased():
+		if e.header.Get("Etag") == "" {
+			e.header.Set("Etag", etagOf(e.body))
+		}
+		if err := fill.Commit(e.encode(), ttl, h.cfg.StaleFor); err != nil {
+			h.log(slog.LevelWarn, "herd/middleware: response not stored", "err", err)
+			h.write(w, r, e, statusMiss, 0)
+			return
+		}
+		h.write(w, r, e, statusStored, 0)
+		return
+	case ttl > 0 || shared:
+		// Shareable but not stored (an unleased fill, or an error status):
+		// local waiters could take it, but a 5xx is retried by one waiter.
+		if e.status >= 500 {
+			fill.Abort(errServerError)
+		} else if fill.Leased() {
+			fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, why))
+		} else {
+			_ = fill.Commit(e.encode(), max(ttl, time.Millisecond), 0) // local waiters only
+		}
+	default:
+		fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, why))
+	}
+	h.log(slog.LevelDebug, "herd/middleware: response not stored", "status", e.status, "reason", why)
+	h.write(w, r, e, statusMiss, 0)
+}
+
+// decide says how long e may be stored (0: not), whether it may be
+// shared with the requests waiting for it, and why not.
+func (h *handler) decide(r *http.Request, e *entry, full http.Header) (ttl time.Duration, shared bool, why string) {
+	if full.Get("Set-Cookie") != "" {
+		return 0, false, "sets a cookie"
+	}
+	cc := parseCacheControl(full)
+	if cc.has("private") || cc.has("no-store") || cc.has("no-cache") {
+		return 0, false, "Cache-Control forbids a shared cache"
+	}
+	for _, v := range full.Values("Vary") {
+		for _, name := range strings.Split(v, ",") {
+			name = textproto.CanonicalMIMEHeaderKey(strings.TrimSpace(name))
+			if name == "" {
+				continue
+			}
+			if name == "*" || !slices.Contains(h.cfg.keyHeaders, name) {
+				return 0, false, "varies on " + name + ", which is not part of the key"
+			}
+		}
+	}
+	if r.Header.Get("Authorization") != "" && !(cc.has("public") || cc.has("s-maxage") || cc.has("must-revalidate")) {
+		return 0, false, "a response to an authorized request without public or s-maxage"
+	}
+	ttl, ok := h.cfg.StatusTTL[e.status]
+	if !ok {
+		return 0, e.status >= 500, "status " + strconv.Itoa(e.status) + " is not cached"
+	}
+	if h.cfg.RespectCacheControl {
+		if age, set := cc.maxAge(); set {
+			if age <= 0 {
+				return 0, false, "max-age 0"
+			}
+			ttl = age
+		}
+	}
+	return ttl, true, ""
+}
+
+// refresher returns the LoadFunc a stale hit refreshes with: the handler
+// run on a copy of the request, detached from its client.
+func (h *handler) refresher(r *http.Request) herd.LoadFunc {
+	return func(ctx context.Context) ([]byte, error) {
+		rctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
+		defer cancel()
+		stop := context.AfterFunc(ctx, cancel)
+		defer stop()
+		req := r.Clone(rctx)
+		req.Method = http.MethodGet
+		req.Header.Del("If-None-Match")
+		req.Header.Del("If-Modified-Since")
+		cw := newCaptureWriter(nil, h.cfg.MaxBodyBytes, false)
+		h.next.ServeHTTP(cw, req)
+		if cw.passthrough {
+			return nil, fmt.Errorf("herd/middleware: refresh response streamed, outgrew MaxBodyBytes or hijacked")
+		}
+		e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
+		ttl, _, why := h.decide(req, e, cw.header)
+		if ttl <= 0 {
+			return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", why)
+		}
+		if e.header.Get("Etag") == "" {
+			e.header.Set("Etag", etagOf(e.body))
+		}
+		herd.SetExpiry(ctx, ttl, h.cfg.StaleFor)
+		return e.encode(), nil
+	}
+}
+
+func (h *handler) log(level slog.Level, msg string, args ...any) {
+	if h.cfg.Logger != nil {
+		h.cfg.Logger.Log(context.Background(), level, msg, args...)
+	}
+}
