@@ -64,7 +64,8 @@ type Cache struct {
 	wg     sync.WaitGroup // running flights and background refreshes
 
 	fillMu sync.Mutex
-	fills  map[string]*localFill // Begin's fills running in this process
+	fills  map[string]*localFill // Begin's fills running in this process, by key
+	open   map[*Fill]struct{}    // every Fill not yet committed or aborted
 
 	refreshMu  sync.Mutex
 	refreshing map[string]struct{} // keys with a background refresh in this process
@@ -97,6 +98,7 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		brk:    breaker{threshold: cfg.BreakerThreshold, cooldown: cfg.BreakerCooldown},
 
 		fills:      make(map[string]*localFill),
+		open:       make(map[*Fill]struct{}),
 		refreshing: make(map[string]struct{}),
 		refreshSem: make(chan struct{}, cfg.MaxRefreshes),
 		now:        time.Now,
@@ -237,7 +239,8 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 }
 
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
-// for them, and stops the pub/sub connection. Later calls return
+// for them, aborts the Fills still open (their leases go to other
+// processes at once), and stops the pub/sub connection. Later calls return
 // [ErrClosed]. Close is idempotent. It does not close the Redis client.
 func (c *Cache) Close() error {
 	c.mu.Lock()
@@ -247,6 +250,7 @@ func (c *Cache) Close() error {
 	}
 	c.closed = true
 	c.mu.Unlock()
+	c.abortOpenFills()
 	c.cancel()
 	c.wg.Wait()
 	return c.locker.Close()

@@ -35,7 +35,8 @@ type Fill struct {
 
 // localFill lets callers of Begin in the same process wait for a Fill.
 type localFill struct {
-	done chan struct{}
+	waiters int // callers waiting on it (guarded by Cache.fillMu)
+	done    chan struct{}
 	hit  *Hit  // set before done is closed on Commit
 	err  error // set before done is closed on Abort
 }
@@ -133,6 +134,9 @@ func (c *Cache) begin(f *flight) ([]byte, error) {
 func (c *Cache) waitLocalFill(ctx context.Context, key string) (hit *Hit, err error, waited bool) {
 	c.fillMu.Lock()
 	lf := c.fills[key]
+	if lf != nil {
+		lf.waiters++
+	}
 	c.fillMu.Unlock()
 	if lf == nil {
 		return nil, nil, false
@@ -172,8 +176,23 @@ func (c *Cache) newFill(f *flight, lease *Lease) *Fill {
 		fl.local = &localFill{done: make(chan struct{})}
 		c.fills[f.key] = fl.local
 	}
+	c.open[fl] = struct{}{}
 	c.fillMu.Unlock()
 	return fl
+}
+
+// abortOpenFills ends the Fills still open at Close, so that their
+// watchdogs stop and other processes take the keys over at once.
+func (c *Cache) abortOpenFills() {
+	c.fillMu.Lock()
+	open := make([]*Fill, 0, len(c.open))
+	for fl := range c.open {
+		open = append(open, fl)
+	}
+	c.fillMu.Unlock()
+	for _, fl := range open {
+		fl.Abort(ErrClosed)
+	}
 }
 
 // Leased reports whether this Fill holds the key's lease, that is whether
@@ -239,7 +258,11 @@ func (fl *Fill) Abort(cause error) {
 			c.stats.loadErrors.Add(1)
 			err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, fl.f.key, cause)
 		}
-		if fl.lease != nil {
+		if fl.lease != nil && errors.Is(cause, ErrClosed) {
+			// This process is shutting down: hand the rebuild over.
+			fl.lease.finish()
+			c.releaseDetached(fl.f, fl.lease, msgReleased, 0)
+		} else if fl.lease != nil {
 			fl.lease.finish()
 			text := err.Error()
 			if len(text) > maxFailText {
@@ -253,15 +276,16 @@ func (fl *Fill) Abort(cause error) {
 
 // resolve hands the outcome to this process's waiters.
 func (fl *Fill) resolve(hit *Hit, err error) {
-	if fl.local == nil {
-		return
-	}
 	c := fl.c
 	c.fillMu.Lock()
-	if c.fills[fl.f.key] == fl.local {
+	delete(c.open, fl)
+	if fl.local != nil && c.fills[fl.f.key] == fl.local {
 		delete(c.fills, fl.f.key)
 	}
 	c.fillMu.Unlock()
+	if fl.local == nil {
+		return
+	}
 	fl.local.hit, fl.local.err = hit, err
 	close(fl.local.done)
 }

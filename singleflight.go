@@ -133,6 +133,10 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done bool) {
 	now := c.now()
 	f.env = env
+	if f.outcome == OutcomeFollower {
+		// A follower that finds the value while waiting stays a follower.
+		defer func() { f.outcome = OutcomeFollower }()
+	}
 	switch {
 	case now.Before(env.softExp):
 		switch {
