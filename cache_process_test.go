@@ -19,9 +19,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -187,6 +189,27 @@ type cpReport struct {
 	// Per wave: loader runs in this process, callers served, the largest
 	// latency of a Get, the errors and the distinct values callers got.
 	Waves []cpWaveReport
+	// Log holds what the Cache logged (Options.Logger), for diagnosis.
+	Log []string
+}
+
+// cpLog collects a Cache's log lines.
+type cpLog struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+func (l *cpLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.lines = append(l.lines, strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+func (l *cpLog) get() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.lines)
 }
 
 type cpWaveReport struct {
@@ -195,6 +218,18 @@ type cpWaveReport struct {
 	MaxLatency time.Duration
 	Errors     []string
 	Values     []string
+	// What this process's Cache counted during the wave.
+	Stats Stats
+}
+
+// statsDelta returns b - a, counter by counter.
+func statsDelta(a, b Stats) Stats {
+	var d Stats
+	va, vb, vd := reflect.ValueOf(a), reflect.ValueOf(b), reflect.ValueOf(&d).Elem()
+	for i := range vd.NumField() {
+		vd.Field(i).SetUint(vb.Field(i).Uint() - va.Field(i).Uint())
+	}
+	return d
 }
 
 // cpReports reads the workers' reports from Redis.
@@ -230,14 +265,15 @@ type cpWorker struct {
 	addrs                 []string
 	pid                   int
 	rdb                   redis.UniversalClient
+	subsTimedOut          atomic.Bool // see waitFollowers
 
 	mu   sync.Mutex
 	errs []error
 }
 
-// cpNewWorker reads the environment and connects to Redis. tune, if not
-// nil, adjusts the options of a single-server client.
-func cpNewWorker(tune func(*redis.Options)) (*cpWorker, error) {
+// cpNewWorker reads the environment and connects the bookkeeping client
+// (w.rdb, go-redis defaults).
+func cpNewWorker() (*cpWorker, error) {
 	w := &cpWorker{
 		mode:   os.Getenv(cpEnvMode),
 		prefix: os.Getenv(cpEnvPrefix),
@@ -258,20 +294,28 @@ func cpNewWorker(tune func(*redis.Options)) (*cpWorker, error) {
 		}
 		*v.p = n
 	}
+	var err error
+	if w.rdb, err = w.newClient(nil); err != nil {
+		return nil, err
+	}
+	return w, nil
+}
+
+// newClient returns a new client of the worker's Redis. tune, if not nil,
+// adjusts the options of a single-server client.
+func (w *cpWorker) newClient(tune func(*redis.Options)) (redis.UniversalClient, error) {
 	pool := w.g + 20
 	switch w.mode {
 	case "cluster":
-		w.rdb = redis.NewClusterClient(&redis.ClusterOptions{Addrs: w.addrs, PoolSize: pool})
+		return redis.NewClusterClient(&redis.ClusterOptions{Addrs: w.addrs, PoolSize: pool}), nil
 	case "redis":
 		opt := &redis.Options{Addr: w.addrs[0], PoolSize: pool}
 		if tune != nil {
 			tune(opt)
 		}
-		w.rdb = redis.NewClient(opt)
-	default:
-		return nil, fmt.Errorf("unknown %s %q", cpEnvMode, w.mode)
+		return redis.NewClient(opt), nil
 	}
-	return w, nil
+	return nil, fmt.Errorf("unknown %s %q", cpEnvMode, w.mode)
 }
 
 func (w *cpWorker) key(parts ...string) string { return cpKey(w.prefix, parts...) }
@@ -295,13 +339,17 @@ func (w *cpWorker) err() error {
 }
 
 // barrier is a cross-process barrier named name: this process arrives
-// with its g goroutines; the last process to arrive opens it.
+// once its g goroutines are parked; the last process to arrive opens it.
+// Arrivals are set members, so a retried command cannot count twice.
 func (w *cpWorker) barrier(ctx context.Context, name string) error {
-	n, err := w.rdb.IncrBy(ctx, w.key(name, "ready"), int64(w.g)).Result()
+	if err := w.rdb.SAdd(ctx, w.key(name, "ready"), w.inst).Err(); err != nil {
+		return fmt.Errorf("barrier %s: %w", name, err)
+	}
+	n, err := w.rdb.SCard(ctx, w.key(name, "ready")).Result()
 	if err != nil {
 		return fmt.Errorf("barrier %s: %w", name, err)
 	}
-	if n == int64(w.procs*w.g) {
+	if n == int64(w.procs) {
 		if err := w.rdb.Set(ctx, w.key(name, "go"), "1", 0).Err(); err != nil {
 			return fmt.Errorf("barrier %s: %w", name, err)
 		}
@@ -346,18 +394,23 @@ func (w *cpWorker) runWave(ctx context.Context, name string, call func(i int)) e
 	return err
 }
 
+// enter marks caller i of this process as entering Get in wave name.
+func (w *cpWorker) enter(ctx context.Context, name string, i int) error {
+	return w.rdb.SAdd(ctx, w.key(name, "entered"), strconv.Itoa(w.inst)+"/"+strconv.Itoa(i)).Err()
+}
+
 // waitEntered is the loader's hook: it waits until every caller of every
-// process has entered Get for wave name (each INCRs name:entered right
-// before calling Get), so that no caller can arrive after the flight has
-// ended and start a second one.
+// process has entered Get for wave name (each calls enter right before
+// Get), so that no caller can arrive after the flight has ended and start
+// a second one.
 func (w *cpWorker) waitEntered(ctx context.Context, name string) error {
 	deadline := time.Now().Add(cpBarrierTimeout)
 	for {
-		n, err := w.rdb.Get(ctx, w.key(name, "entered")).Int()
-		if err != nil && !errors.Is(err, redis.Nil) {
+		n, err := w.rdb.SCard(ctx, w.key(name, "entered")).Result()
+		if err != nil {
 			return err
 		}
-		if n >= w.procs*w.g {
+		if n >= int64(w.procs*w.g) {
 			return nil
 		}
 		if time.Now().After(deadline) {
@@ -365,6 +418,63 @@ func (w *cpWorker) waitEntered(ctx context.Context, name string) error {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// subscribers returns how many connections the server that owns herd
+// key's wake-up channel counts as subscribed to it: sharded subscriptions
+// on the owning master of a cluster, plain ones on a single server.
+func (w *cpWorker) subscribers(ctx context.Context, key string) (int64, error) {
+	keys, err := makeKeys(DefaultPrefix, key)
+	if err != nil {
+		return 0, err
+	}
+	var m map[string]int64
+	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
+		master, err := cc.MasterForKey(ctx, keys.channel)
+		if err != nil {
+			return 0, err
+		}
+		m, err = master.PubSubShardNumSub(ctx, keys.channel).Result()
+		if err != nil {
+			return 0, err
+		}
+	} else {
+		m, err = w.rdb.PubSubNumSub(ctx, keys.channel).Result()
+		if err != nil {
+			return 0, err
+		}
+	}
+	return m[keys.channel], nil
+}
+
+// waitFollowers is a loader's hook: it waits until every other process
+// follows the rebuild of herd key, that is, until the server that owns the
+// key's wake-up channel counts procs-1 subscriptions to it, so that the
+// leader's commit (or failure) message reaches all of them. It records
+// the count it saw under name:subscribers for the parent. The wait is
+// bounded by 2s, and by 250ms once a wait of this process has run out
+// (the parent fails the test then anyway; this keeps a failing run short).
+func (w *cpWorker) waitFollowers(ctx context.Context, name, key string) error {
+	bound := 2 * time.Second
+	if w.subsTimedOut.Load() {
+		bound = 250 * time.Millisecond
+	}
+	var subs int64
+	for deadline := time.Now().Add(bound); ; time.Sleep(time.Millisecond) {
+		n, err := w.subscribers(ctx, key)
+		if err != nil {
+			return err
+		}
+		subs = n
+		if n >= int64(w.procs-1) {
+			break
+		}
+		if time.Now().After(deadline) {
+			w.subsTimedOut.Store(true)
+			break
+		}
+	}
+	return w.rdb.Set(ctx, w.key(name, "subscribers"), subs, 0).Err()
 }
 
 // report stores r under prefix:report:<inst>.
@@ -397,8 +507,16 @@ func (m *maxDuration) get() time.Duration { return time.Duration(m.v.Load()) }
 // each on a fresh cold key; all 200 callers of a wave start together at a
 // barrier. Per wave: exactly one loader run in the whole cluster, exactly
 // one distinct value among all callers (the leader's, identified by wave
-// and pid), and every caller served without error. On a single
-// redis-server and on a 3-master cluster (sharded pub/sub).
+// and pid), every caller served without error, and every other process
+// subscribed to the key's wake-up channel, on the server that owns it,
+// before the commit (so the commit's message wakes them: the loader waits
+// for that, bounded, before it returns). On a single redis-server and on
+// a 3-master cluster (sharded pub/sub). Per-process Stats (follows,
+// notified, polled) are logged; follows not ended by the message are
+// logged per wave.
+//
+// The cluster subtest currently fails now and then (in about 1 run of 4
+// on a 2-core machine): see the KNOWN BUG note in cpRunWaves.
 func TestCacheWavesAcrossProcesses(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.Start(t)
@@ -445,13 +563,54 @@ func cpRunWaves(t *testing.T, mode string, addrs []string, rdb redis.UniversalCl
 		if served != procs*g {
 			t.Errorf("wave %d: %d callers served, want %d", w, served, procs*g)
 		}
+		// Every following process must be subscribed, on the server that
+		// owns the key's channel, before the leader commits: otherwise the
+		// commit's message cannot wake it and it falls back to polling
+		// (the design's "notification, not polling"). The leader's loader
+		// waits for this (bounded), so in a healthy library it holds.
+		//
+		// KNOWN BUG (cluster), found by this check: a process's
+		// per-master sharded pub/sub connection can be attached to a
+		// random node instead of the master that owns the channel.
+		// notifier.dial (notify.go) starts go-redis's receive loop
+		// (ps.ChannelWithSubscriptions) before the first SSUBSCRIBE; when
+		// that loop's Receive connects first, it has no channel to route
+		// by and go-redis's ClusterClient picks nodes.Random(). The
+		// SSUBSCRIBE is then answered with MOVED, and that process never
+		// hears wake-ups for the keys of that master: fewer subscribers
+		// than followers, and followers that end their wait by polling.
+		subs, _ := rdb.Get(ctx, cpKey(prefix, name, "subscribers")).Int()
+		if subs != procs-1 {
+			t.Errorf("%s wave %d: the server owning the key's channel counted %d subscribers before the commit, want %d (one per following process)",
+				mode, w, subs, procs-1)
+		}
+		// A follow that did not end by the message is logged, not failed:
+		// under a heavy load a subscribed follower may be descheduled past
+		// the commit and find the value by its own GET.
+		var lost []string
 		for _, r := range reps {
-			maxLat = max(maxLat, r.Waves[w].MaxLatency)
+			wr := r.Waves[w]
+			maxLat = max(maxLat, wr.MaxLatency)
+			if ws := wr.Stats; ws.Follows != ws.Notified {
+				lost = append(lost, fmt.Sprintf("process %d: follows=%d notified=%d polled=%d hits=%d max latency %v",
+					r.Inst, ws.Follows, ws.Notified, ws.Polled, ws.Hits, wr.MaxLatency.Round(time.Millisecond)))
+			}
+		}
+		if len(lost) > 0 {
+			t.Logf("%s wave %d: a follow did not end by the commit's message: %s", mode, w, strings.Join(lost, "; "))
+		}
+		if t.Failed() && loads != 1 {
+			for _, r := range reps {
+				t.Logf("%s wave %d, process %d: %s", mode, w, r.Inst, cpStatsLine(r.Waves[w].Stats))
+			}
 		}
 	}
 	var total Stats
 	for _, r := range reps {
 		t.Logf("process %d (pid %d): %s", r.Inst, r.Pid, cpStatsLine(r.Stats))
+		for _, ln := range r.Log {
+			t.Logf("process %d log: %s", r.Inst, ln)
+		}
 		total.Loads += r.Stats.Loads
 		total.Follows += r.Stats.Follows
 		total.Notified += r.Stats.Notified
@@ -476,14 +635,20 @@ func cpRunWaves(t *testing.T, mode string, addrs []string, rdb redis.UniversalCl
 
 // cacheWavesWorker is one process of TestCacheWavesAcrossProcesses.
 func cacheWavesWorker(ctx context.Context, _ string) error {
-	w, err := cpNewWorker(nil)
+	w, err := cpNewWorker()
 	if err != nil {
 		return err
 	}
 	defer w.rdb.Close()
-	// A fixed 1s lease, far above the 50ms rebuild: a second load could
-	// only come from a broken lease, never from a lapsed one.
-	c := New(w.rdb, &Options{MinLease: time.Second, MaxLease: time.Second, DefaultLease: time.Second})
+	// A fixed 3s lease, far above the 50ms rebuild and renewed by the
+	// watchdog: a second load would need a process stalled for over a
+	// second (this runs on loaded 2-core machines), not a slow loader.
+	const lease = 3 * time.Second
+	clog := &cpLog{}
+	c := New(w.rdb, &Options{
+		MinLease: lease, MaxLease: lease, DefaultLease: lease,
+		Logger: slog.New(slog.NewTextHandler(clog, nil)),
+	})
 	defer c.Close()
 
 	rep := &cpReport{Inst: w.inst, Pid: w.pid, Waves: make([]cpWaveReport, w.waves)}
@@ -497,12 +662,16 @@ func cacheWavesWorker(ctx context.Context, _ string) error {
 			if err := w.waitEntered(ctx, name); err != nil {
 				return nil, err
 			}
+			if err := w.waitFollowers(ctx, name, key); err != nil {
+				return nil, err
+			}
 			time.Sleep(50 * time.Millisecond)
 			return []byte(fmt.Sprintf("wave-%d-pid-%d", wave, w.pid)), nil
 		}
 		var lat maxDuration
+		before := c.Stats()
 		err := w.runWave(ctx, name, func(i int) {
-			if err := w.rdb.Incr(ctx, w.key(name, "entered")).Err(); err != nil {
+			if err := w.enter(ctx, name, i); err != nil {
 				w.fail("wave %d: %v", wave, err)
 				return
 			}
@@ -526,9 +695,9 @@ func cacheWavesWorker(ctx context.Context, _ string) error {
 		if err != nil {
 			return err
 		}
-		rep.Waves[wave].MaxLatency = lat.get()
+		rep.Waves[wave] = cpWaveReport{MaxLatency: lat.get(), Stats: statsDelta(before, c.Stats())}
 	}
-	rep.Stats = c.Stats()
+	rep.Stats, rep.Log = c.Stats(), clog.get()
 	if err := w.report(ctx, rep); err != nil {
 		return err
 	}
@@ -569,6 +738,9 @@ func TestCacheLoaderErrorAcrossProcesses(t *testing.T) {
 		name := "w" + strconv.Itoa(w)
 		loads, _ := rdb.Get(ctx, cpKey(prefix, name, "loads")).Int()
 		failed, _ := rdb.Get(ctx, cpKey(prefix, name, "failed")).Int()
+		if subs, _ := rdb.Get(ctx, cpKey(prefix, name, "subscribers")).Int(); subs != procs-1 {
+			t.Errorf("wave %d: %d processes subscribed to the key's channel before the failure, want %d", w, subs, procs-1)
+		}
 		loadsPerWave[w] = loads
 		if loads != 1 {
 			t.Errorf("wave %d: %d loads, want exactly 1", w, loads)
@@ -603,7 +775,7 @@ func roundAll(ds []time.Duration) []time.Duration {
 
 // cacheErrorsWorker is one process of TestCacheLoaderErrorAcrossProcesses.
 func cacheErrorsWorker(ctx context.Context, _ string) error {
-	w, err := cpNewWorker(nil)
+	w, err := cpNewWorker()
 	if err != nil {
 		return err
 	}
@@ -623,12 +795,17 @@ func cacheErrorsWorker(ctx context.Context, _ string) error {
 			if err := w.waitEntered(ctx, name); err != nil {
 				return nil, err
 			}
+			// Every other process follows before the failure is
+			// announced, so none can start a second rebuild after it.
+			if err := w.waitFollowers(ctx, name, key); err != nil {
+				return nil, err
+			}
 			time.Sleep(50 * time.Millisecond)
 			return nil, fmt.Errorf("source down (wave %d, pid %d)", wave, w.pid)
 		}
 		var lat maxDuration
 		err := w.runWave(ctx, name, func(i int) {
-			if err := w.rdb.Incr(ctx, w.key(name, "entered")).Err(); err != nil {
+			if err := w.enter(ctx, name, i); err != nil {
 				w.fail("wave %d: %v", wave, err)
 				return
 			}
@@ -759,8 +936,14 @@ func TestCacheLeaderStall(t *testing.T) {
 	if st.Fenced != 1 || st.Loads != 1 || st.Takeovers != 0 {
 		t.Errorf("stalled process: fenced=%d loads=%d takeovers=%d, want 1, 1, 0", st.Fenced, st.Loads, st.Takeovers)
 	}
-	if ot.Takeovers != 1 || ot.Loads != 1 || ot.Fenced != 0 {
-		t.Errorf("taking-over process: takeovers=%d loads=%d fenced=%d, want 1, 1, 0", ot.Takeovers, ot.Loads, ot.Fenced)
+	if ot.Loads != 1 || ot.Fenced != 0 {
+		t.Errorf("taking-over process: loads=%d fenced=%d, want 1, 0", ot.Loads, ot.Fenced)
+	}
+	// It normally followed the stalled leader and took over when the lease
+	// lapsed. (Only if it was descheduled for a whole lease before its
+	// first try could it have found the lease free and led at once.)
+	if ot.Follows == 1 && ot.Takeovers != 1 {
+		t.Errorf("taking-over process followed but did not take over: %s", cpStatsLine(ot))
 	}
 	firstVal := fmt.Sprintf("load-1-pid-%d", p.pids()[stalled])
 	secondVal := fmt.Sprintf("load-2-pid-%d", p.pids()[other])
@@ -817,7 +1000,7 @@ func cpWaitStopped(t *testing.T, pid int) {
 
 // cacheStallWorker is one process of TestCacheLeaderStall.
 func cacheStallWorker(ctx context.Context, _ string) error {
-	w, err := cpNewWorker(nil)
+	w, err := cpNewWorker()
 	if err != nil {
 		return err
 	}
@@ -882,15 +1065,18 @@ func cacheStallWorker(ctx context.Context, _ string) error {
 // 4. Redis dies during a wave: fail open; after it returns, one load again.
 
 // TestCacheRedisKilledDuringWave: 3 processes × 20 goroutines on one
-// redis-server, clients with 200ms timeouts. Wave 1: while the leader's
-// loader runs, the parent kills Redis (SIGKILL). Every caller must still
-// get a value (fail-open: the leader's callers get its uncommitted value,
-// the followers load locally when their wait budget runs out), with at
-// most one load per process. Then the parent restarts Redis (same port,
-// empty) and the same processes, with the same Cache objects, run 3 more
-// waves on fresh keys: each has exactly one load again (the circuit
-// breaker probes and closes). Redis cannot count while it is dead, so
-// each worker counts its own loads and writes its results to a file.
+// redis-server; the Caches' clients have short timeouts (dial 200ms,
+// read/write 500ms, one retry, one dial attempt). Wave 1: while the
+// leader's loader runs, the parent kills Redis (SIGKILL). Every caller
+// must still get a value (fail-open: the leader's callers get its
+// uncommitted value, the followers load locally when their 2s wait budget
+// runs out), with at most one load per process, and every process's
+// circuit breaker (threshold 1, cooldown 100ms) opens. Then the parent
+// restarts Redis (same port, empty) and the same processes, with the same
+// Cache objects, run 3 more waves on fresh keys: each has exactly one load
+// again (the circuit breaker probes and closes). Redis cannot count while
+// it is dead, so each worker counts its own loads and writes its results
+// to a file.
 func TestCacheRedisKilledDuringWave(t *testing.T) {
 	const procs, g, waves = 3, 20, 4
 	srv := redistest.Start(t)
@@ -904,9 +1090,9 @@ func TestCacheRedisKilledDuringWave(t *testing.T) {
 	// Kill Redis once every caller has entered wave 1 and the leader's
 	// loader runs (it holds until the kill).
 	waitFor(t, 30*time.Second, "every caller to enter wave 1 and the leader to load", func() bool {
-		n, _ := rdb.Get(ctx, cpKey(prefix, "w0", "entered")).Int()
+		n, _ := rdb.SCard(ctx, cpKey(prefix, "w0", "entered")).Result()
 		files, _ := filepath.Glob(filepath.Join(dir, "loading-*"))
-		return n == procs*g && len(files) > 0
+		return n == int64(procs*g) && len(files) > 0
 	})
 	srv.Kill(t)
 	killedAt := time.Now()
@@ -925,14 +1111,24 @@ func TestCacheRedisKilledDuringWave(t *testing.T) {
 		t.FailNow()
 	}
 
-	reps := make([]cpReport, procs)
-	for i := range procs {
-		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("result-%d.json", i)))
-		if err != nil {
-			t.Fatalf("result of worker %d: %v", i, err)
+	readReports := func(pattern string) []cpReport {
+		reps := make([]cpReport, procs)
+		for i := range procs {
+			b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf(pattern, i)))
+			if err != nil {
+				t.Fatalf("result of worker %d: %v", i, err)
+			}
+			if err := json.Unmarshal(b, &reps[i]); err != nil {
+				t.Fatalf("result of worker %d: %v", i, err)
+			}
 		}
-		if err := json.Unmarshal(b, &reps[i]); err != nil {
-			t.Fatalf("result of worker %d: %v", i, err)
+		return reps
+	}
+	reps := readReports("result-%d.json")
+	for _, r := range readReports("wave1-%d.json") {
+		t.Logf("process %d after wave 1: %s", r.Inst, cpStatsLine(r.Stats))
+		if r.Stats.BreakerOpens == 0 {
+			t.Errorf("process %d: the circuit breaker (threshold 1) did not open in wave 1", r.Inst)
 		}
 	}
 	for w := range waves {
@@ -985,27 +1181,49 @@ func TestCacheRedisKilledDuringWave(t *testing.T) {
 	}
 	for _, r := range reps {
 		t.Logf("process %d (pid %d): %s", r.Inst, r.Pid, cpStatsLine(r.Stats))
+		for _, ln := range r.Log {
+			t.Logf("process %d log: %s", r.Inst, ln)
+		}
 	}
 	t.Logf("Redis killed during wave 1; all workers done with it %v later; total %v", wave1Done.Round(time.Millisecond), elapsed.Round(time.Millisecond))
 }
 
 // cacheKillWorker is one process of TestCacheRedisKilledDuringWave.
 func cacheKillWorker(ctx context.Context, _ string) error {
-	w, err := cpNewWorker(func(o *redis.Options) {
-		o.DialTimeout = 200 * time.Millisecond
-		o.ReadTimeout = 200 * time.Millisecond
-		o.WriteTimeout = 200 * time.Millisecond
-		o.MaxRetries = 1 // one retry (0 would mean go-redis's default of 3)
-	})
+	w, err := cpNewWorker()
 	if err != nil {
 		return err
 	}
 	defer w.rdb.Close()
-	const lease = time.Second
-	c := New(w.rdb, &Options{
+	// The Cache's own client has short timeouts, as the package doc asks.
+	// (Bookkeeping goes through w.rdb, with go-redis's defaults, so that a
+	// slow test machine cannot fail the barriers.)
+	rdb, err := w.newClient(func(o *redis.Options) {
+		o.DialTimeout = 200 * time.Millisecond
+		o.ReadTimeout = 500 * time.Millisecond
+		o.WriteTimeout = 500 * time.Millisecond
+		o.MaxRetries = 1 // one retry (0 would mean go-redis's default of 3)
+		// One dial attempt per connection: go-redis's default of 5 attempts
+		// 100ms apart makes every command on a dead Redis take 0.4s on top
+		// of DialTimeout, whatever the timeouts above say.
+		o.DialerRetries = 1
+	})
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	const lease = 2 * time.Second
+	clog := &cpLog{}
+	c := New(rdb, &Options{
 		MinLease: lease, MaxLease: lease, DefaultLease: lease,
-		WaitTimeout:     time.Second,
-		BreakerCooldown: 100 * time.Millisecond,
+		// In wave 1 the followers wait this long, then load locally.
+		WaitTimeout: 2 * time.Second,
+		// The first Redis error opens the breaker (every process meets one
+		// in wave 1: a failed commit or a failed poll), so waves 2-4 also
+		// show that it probes and closes by itself.
+		BreakerThreshold: 1,
+		BreakerCooldown:  100 * time.Millisecond,
+		Logger:           slog.New(slog.NewTextHandler(clog, nil)),
 	})
 	defer c.Close()
 
@@ -1061,7 +1279,7 @@ func cacheKillWorker(ctx context.Context, _ string) error {
 		)
 		err := w.runWave(ctx, name, func(i int) {
 			if wave == 0 {
-				if err := w.rdb.Incr(ctx, w.key(name, "entered")).Err(); err != nil {
+				if err := w.enter(ctx, name, i); err != nil {
 					w.fail("wave 1: %v", err)
 					return
 				}
@@ -1095,12 +1313,12 @@ func cacheKillWorker(ctx context.Context, _ string) error {
 			// Wave 1 is over; the parent restarts Redis once every worker
 			// got here. Wait (bounded) until it answers again.
 			snap := *rep
-			snap.Stats = c.Stats()
+			snap.Stats, snap.Log = c.Stats(), clog.get()
 			if err := writeJSON(fmt.Sprintf("wave1-%d.json", w.inst), &snap); err != nil {
 				return err
 			}
 			deadline := time.Now().Add(cpBarrierTimeout)
-			for w.rdb.Ping(ctx).Err() != nil {
+			for rdb.Ping(ctx).Err() != nil || w.rdb.Ping(ctx).Err() != nil {
 				if time.Now().After(deadline) {
 					return fmt.Errorf("redis not back within %v of wave 1", cpBarrierTimeout)
 				}
@@ -1108,7 +1326,7 @@ func cacheKillWorker(ctx context.Context, _ string) error {
 			}
 		}
 	}
-	rep.Stats = c.Stats()
+	rep.Stats, rep.Log = c.Stats(), clog.get()
 	if err := writeJSON(fmt.Sprintf("result-%d.json", w.inst), rep); err != nil {
 		return err
 	}

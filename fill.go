@@ -37,8 +37,8 @@ type Fill struct {
 type localFill struct {
 	waiters int // callers waiting on it (guarded by Cache.fillMu)
 	done    chan struct{}
-	hit  *Hit  // set before done is closed on Commit
-	err  error // set before done is closed on Abort
+	hit     *Hit  // set before done is closed on Commit
+	err     error // set before done is closed on Abort
 }
 
 // Begin looks up key for a caller that builds missing values itself, in

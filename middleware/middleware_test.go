@@ -20,6 +20,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	runWorkerIfAsked() // a re-run worker process (process_test.go) exits here
 	goleak.VerifyTestMain(m)
 }
 
