@@ -41,10 +41,14 @@ func (b *breaker) allow() bool {
 	return true
 }
 
-func (b *breaker) success() {
+// success records an answer from Redis and reports whether it closed an
+// open breaker.
+func (b *breaker) success() (closed bool) {
 	b.mu.Lock()
+	closed = b.fails >= b.threshold
 	b.fails, b.probing = 0, false
 	b.mu.Unlock()
+	return closed
 }
 
 // failure records an infrastructure error and reports whether it opened

@@ -514,9 +514,6 @@ func (m *maxDuration) get() time.Duration { return time.Duration(m.v.Load()) }
 // a 3-master cluster (sharded pub/sub). Per-process Stats (follows,
 // notified, polled) are logged; follows not ended by the message are
 // logged per wave.
-//
-// The cluster subtest currently fails now and then (in about 1 run of 4
-// on a 2-core machine): see the KNOWN BUG note in cpRunWaves.
 func TestCacheWavesAcrossProcesses(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.Start(t)
@@ -569,16 +566,14 @@ func cpRunWaves(t *testing.T, mode string, addrs []string, rdb redis.UniversalCl
 		// (the design's "notification, not polling"). The leader's loader
 		// waits for this (bounded), so in a healthy library it holds.
 		//
-		// KNOWN BUG (cluster), found by this check: a process's
-		// per-master sharded pub/sub connection can be attached to a
-		// random node instead of the master that owns the channel.
-		// notifier.dial (notify.go) starts go-redis's receive loop
+		// Regression check (cluster) for a bug this check found, fixed in
+		// 1804c77: notifier.dial started go-redis's receive loop
 		// (ps.ChannelWithSubscriptions) before the first SSUBSCRIBE; when
-		// that loop's Receive connects first, it has no channel to route
-		// by and go-redis's ClusterClient picks nodes.Random(). The
-		// SSUBSCRIBE is then answered with MOVED, and that process never
-		// hears wake-ups for the keys of that master: fewer subscribers
-		// than followers, and followers that end their wait by polling.
+		// that loop connected first it had no channel to route by, so
+		// go-redis's ClusterClient picked nodes.Random(), the SSUBSCRIBE
+		// got MOVED, and the process never heard wake-ups for the keys of
+		// that master (in 1 to 2 runs of 3: fewer subscribers than
+		// followers here, and followers that ended their wait by polling).
 		subs, _ := rdb.Get(ctx, cpKey(prefix, name, "subscribers")).Int()
 		if subs != procs-1 {
 			t.Errorf("%s wave %d: the server owning the key's channel counted %d subscribers before the commit, want %d (one per following process)",

@@ -56,6 +56,7 @@ type Cache struct {
 	local  chan struct{} // semaphore of MaxLocalLoads
 	brk    breaker
 	stats  counters
+	sig    *signals // observer, classes and rate-limited logging, shared with locker
 
 	ctx    context.Context // ends on Close; parent of all shared work
 	cancel context.CancelFunc
@@ -87,12 +88,14 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		panic("herd: New with a nil Redis client")
 	}
 	cfg := opt.resolve()
-	locker := NewLocker(rdb, &LockerOptions{Prefix: cfg.Prefix, PollMin: cfg.PollMin, PollMax: cfg.PollMax})
+	locker := NewLocker(rdb, &LockerOptions{Prefix: cfg.Prefix, PollMin: cfg.PollMin, PollMax: cfg.PollMax,
+		Observer: cfg.Observer, KeyClass: cfg.classLabel, Logger: cfg.Logger})
 	c := &Cache{
 		rdb:    rdb,
 		cfg:    cfg,
 		locker: locker,
 		notify: locker.notify,
+		sig:    locker.cfg.sig,
 		calib:  newCalibrator(cfg.calib),
 		local:  make(chan struct{}, cfg.MaxLocalLoads),
 		brk:    breaker{threshold: cfg.BreakerThreshold, cooldown: cfg.BreakerCooldown},
@@ -152,6 +155,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	case r := <-ch:
 		res := r.Val.(*flightResult)
 		recordOutcome(ctx, res.outcome)
+		c.sig.lookup(key, res.outcome)
 		if r.Err != nil {
 			return nil, r.Err
 		}
@@ -271,9 +275,7 @@ func (c *Cache) jitter(ttl time.Duration) time.Duration {
 func (c *Cache) fenceTTL(ttl time.Duration) time.Duration { return c.locker.fenceTTL(ttl) }
 
 func (c *Cache) log(level slog.Level, msg string, args ...any) {
-	if c.cfg.Logger != nil {
-		c.cfg.Logger.Log(context.Background(), level, msg, args...)
-	}
+	c.sig.logRare(level, msg, args...)
 }
 
 // Stats are a Cache's counters. Every field counts events since New.

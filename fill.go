@@ -79,10 +79,14 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 	defer c.wg.Done()
 
 	if hit, err, waited := c.waitLocalFill(ctx, key); waited {
+		if hit != nil {
+			c.sig.lookup(key, OutcomeFollower)
+		}
 		return hit, nil, err
 	}
 	f := &flight{key: key, keys: keys, ttl: ttl, load: refresh, caller: ctx}
 	val, err := c.begin(f)
+	c.sig.lookup(key, f.outcome)
 	switch {
 	case f.claim != nil || f.unleased:
 		return nil, c.newFill(f, f.claim), nil
@@ -221,6 +225,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		c := fl.c
 		delta := time.Since(fl.start)
 		env := c.newEnvelope(0, val, c.jitter(ttl), max(staleFor, 0), delta)
+		c.sig.load(fl.f.key, delta, nil, fl.lease != nil)
 		if fl.lease != nil {
 			fl.lease.finish()
 			c.stats.loads.Add(1)
@@ -254,6 +259,7 @@ func (fl *Fill) Abort(cause error) {
 			kind = failPanic
 		}
 		err := cause
+		c.sig.load(fl.f.key, time.Since(fl.start), cause, fl.lease != nil)
 		if kind != failNotShared {
 			c.stats.loadErrors.Add(1)
 			err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, fl.f.key, cause)

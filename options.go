@@ -29,6 +29,18 @@ type LockerOptions struct {
 	// Defaults: 10ms and 250ms.
 	PollMin, PollMax time.Duration
 
+	// Observer receives the lease signals (acquired, contended, lost,
+	// extended, extend failed). Default: none.
+	Observer *Observer
+
+	// KeyClass maps a key to the bounded class reported to Observer (for
+	// example "report:*"). Default: "" for every key.
+	KeyClass func(key string) string
+
+	// Logger receives rare events (a lease lost), rate-limited. Default:
+	// silent.
+	Logger *slog.Logger
+
 	// FenceTTL is how long a key's fencing counter stays in Redis after the
 	// last lease on it. A counter that expires is re-seeded from the Redis
 	// clock, so tokens keep increasing; the TTL only bounds memory for idle
@@ -39,6 +51,7 @@ type LockerOptions struct {
 
 // lockerConfig is LockerOptions with every default applied.
 type lockerConfig struct {
+	sig              *signals
 	prefix           string
 	maxWait          time.Duration // 0: 3 × ttl
 	pollMin, pollMax time.Duration
@@ -80,6 +93,7 @@ func (o *LockerOptions) resolve() lockerConfig {
 	if c.fenceTTL == 0 {
 		c.fenceTTL = 24 * time.Hour
 	}
+	c.sig = newSignals(in.Observer, in.KeyClass, in.Logger)
 	return c
 }
 
@@ -203,10 +217,16 @@ type Options struct {
 	LeaseFactor                      float64
 	MinLease, MaxLease, DefaultLease time.Duration
 
-	// KeyClass groups keys for calibration (for example "user:*"), so a
-	// key inherits the rebuild statistics of its class. Default: every key
-	// is its own class (the number of tracked classes is bounded).
+	// KeyClass groups keys (for example "user:*") for lease calibration,
+	// so a key inherits the rebuild statistics of its class, and labels
+	// them for the Observer, which never sees raw keys. It must return a
+	// small, bounded set of classes. Default: for calibration every key is
+	// its own class (the number tracked is bounded); for the Observer, "".
 	KeyClass func(key string) string
+
+	// Observer receives the cache's signals (lookups, loads, leases,
+	// waits, commits, circuit, refreshes). Default: none, at no cost.
+	Observer *Observer
 
 	// PollMin and PollMax bound a follower's polling, the fallback when a
 	// wake-up message is lost or pub/sub is down. Defaults: 10ms, 250ms.
@@ -215,15 +235,18 @@ type Options struct {
 	// Codec encodes the values of [Fetch]. Default: JSON.
 	Codec Codec
 
-	// Logger receives failures the caller does not see (a failed write
-	// behind a returned value, a breaker opening). Default: silent.
+	// Logger receives rare events the caller does not see (a lease lost,
+	// a fenced or failed commit, the breaker opening and closing, a
+	// corrupt value, a failed refresh), rate-limited to one line per
+	// second per kind. Default: silent.
 	Logger *slog.Logger
 }
 
 // cacheConfig is Options with every default applied.
 type cacheConfig struct {
 	Options
-	calib calibration
+	calib      calibration
+	classLabel func(string) string // the user's KeyClass, for the Observer; nil: ""
 }
 
 func (o *Options) resolve() cacheConfig {
@@ -289,6 +312,7 @@ func (o *Options) resolve() cacheConfig {
 	if c.Codec == nil {
 		c.Codec = JSON{}
 	}
+	c.classLabel = c.KeyClass
 	if c.KeyClass == nil {
 		c.KeyClass = func(key string) string { return key }
 	}

@@ -86,6 +86,7 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 	case c.refreshSem <- struct{}{}:
 	default:
 		c.stats.refreshesDropped.Add(1)
+		c.sig.refresh(f.key, RefreshDropped)
 		return
 	}
 	c.mu.RLock()
@@ -124,10 +125,12 @@ func (c *Cache) refresh(f *flight, seenFence []byte) {
 		}
 		return
 	}
-	c.brk.success()
+	c.redisAnswered()
 	if r.lease == nil {
-		return // refreshed elsewhere already, or backing off
+		c.sig.refresh(f.key, RefreshSkipped) // refreshed elsewhere already, or backing off
+		return
 	}
 	c.stats.refreshes.Add(1)
+	c.sig.refresh(f.key, RefreshStarted)
 	_, _ = c.lead(f, r.lease, true)
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -215,6 +216,7 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 		if r.backoff {
 			return r, nil
 		}
+		l.cfg.sig.lease(key, LeaseContended)
 		return r, fmt.Errorf("%w: %q", ErrLeaseHeld, key)
 	}
 	token, err := strconv.ParseUint(val, 10, 64)
@@ -244,6 +246,7 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 	lease.deadline = deadline
 	lease.expiry = time.AfterFunc(time.Until(deadline), lease.markLost)
 	lease.mu.Unlock()
+	l.cfg.sig.lease(key, LeaseAcquired)
 	return attempted{lease: lease}, nil
 }
 
@@ -325,9 +328,11 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	ok, err := extendScript.Run(ctx, l.locker.rdb, []string{l.keys.lease, l.keys.fence},
 		l.value, ttl.Milliseconds(), l.locker.fenceTTL(ttl).Milliseconds()).Int()
 	if err != nil {
+		l.locker.cfg.sig.lease(l.key, LeaseExtendFailed)
 		return fmt.Errorf("herd: extend lease %q: %w", l.key, err)
 	}
 	if ok != 1 {
+		l.locker.cfg.sig.lease(l.key, LeaseExtendFailed)
 		l.markLost()
 		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
 	}
@@ -339,6 +344,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	l.deadline = deadline
 	l.expiry.Reset(time.Until(deadline))
+	l.locker.cfg.sig.lease(l.key, LeaseExtended)
 	return nil
 }
 
@@ -484,13 +490,19 @@ func (l *Lease) stopWatchdog() {
 
 func (l *Lease) markLost() {
 	l.mu.Lock()
-	defer l.mu.Unlock()
+	first := !l.isLost && !l.released
 	if !l.isLost {
 		l.isLost = true
 		close(l.lost)
 		if l.expiry != nil {
 			l.expiry.Stop()
 		}
+	}
+	l.mu.Unlock()
+	if first {
+		sig := l.locker.cfg.sig
+		sig.lease(l.key, LeaseLost)
+		sig.logRare(slog.LevelWarn, "herd: lease lost: its validity ran out or another owner has it; stop the protected work", "key", l.key, "token", l.token)
 	}
 }
 

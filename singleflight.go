@@ -115,13 +115,14 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 		c.redisFailed(err)
 		return envelope{}, false, err
 	}
-	c.brk.success()
+	c.redisAnswered()
 	if err != nil {
 		return envelope{}, false, nil // redis.Nil or a wrong-type reply: a miss
 	}
 	env, ok = decodeEnvelope(b)
 	if !ok {
 		c.stats.corrupt.Add(1)
+		c.sig.corrupt(f.key)
 		c.log(slog.LevelWarn, "herd: value in Redis is not an intact envelope; treating it as a miss", "key", f.key, "bytes", len(b))
 	}
 	return env, ok, nil
@@ -184,6 +185,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	delta := time.Since(start)
 	lease.finish()
 	c.stats.loads.Add(1)
+	c.sig.load(f.key, delta, err, true)
 	c.calib.Observe(c.cfg.KeyClass(f.key), delta)
 
 	if err == nil && len(val) > c.cfg.MaxValueBytes {
@@ -231,6 +233,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 		// not called on every hit.
 		c.releaseDetached(f, lease, msg, c.cfg.RefreshBackoff)
 		c.stats.refreshErrors.Add(1) // after the backoff is in Redis
+		c.sig.refresh(f.key, RefreshFailed)
 		c.log(slog.LevelWarn, "herd: refresh failed; serving the stale value while refreshes back off", "key", f.key, "err", err)
 	} else {
 		c.releaseDetached(f, lease, msg, 0)
@@ -269,19 +272,26 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope) {
 	switch {
 	case err != nil:
 		c.stats.commitErrors.Add(1)
+		c.sig.commit(f.key, CommitError)
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
 	case ok == 0:
 		c.stats.fenced.Add(1)
-		c.log(slog.LevelInfo, "herd: commit fenced: a newer lease, Set or Invalidate came first; value not stored", "key", f.key, "fence", lease.token)
+		c.sig.commit(f.key, CommitFenced)
+		c.log(slog.LevelWarn, "herd: commit fenced: a newer lease, Set or Invalidate came first (a duplicate or stale rebuild); value not stored", "key", f.key, "fence", lease.token)
+	default:
+		c.sig.commit(f.key, CommitStored)
 	}
 }
 
 // follow waits for another process's rebuild of the key: subscribe, look
 // again (the value may have landed before the subscription), then wait for
 // the wake-up message, a poll, or the budget.
-func (c *Cache) follow(f *flight, pttl time.Duration) ([]byte, error) {
+func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 	c.stats.follows.Add(1)
+	start := time.Now()
+	end := WaitPolled
+	defer func() { c.sig.wait(f.key, time.Since(start), end) }()
 	sub, _, serr := c.notify.subscribe(c.ctx, f.keys.channel)
 	if errors.Is(serr, ErrClosed) {
 		return nil, ErrClosed
@@ -294,6 +304,9 @@ func (c *Cache) follow(f *flight, pttl time.Duration) ([]byte, error) {
 	notified := serr == nil // pub/sub works (or will once confirmed)
 
 	if v, err, done, p := c.check(f); done {
+		if f.claim != nil || f.outcome == OutcomeLeader {
+			end = WaitTakeover
+		}
 		return v, err
 	} else if p > 0 {
 		pttl = p
@@ -334,22 +347,31 @@ func (c *Cache) follow(f *flight, pttl time.Duration) ([]byte, error) {
 	for {
 		select {
 		case <-c.ctx.Done():
+			end = WaitCancelled
 			return nil, ErrClosed
 		case <-callerDone:
+			end = WaitCancelled
 			return nil, f.caller.Err()
 		case <-limit.C:
 			c.stats.waitTimeouts.Add(1)
+			end = WaitTimeout
 			return c.fallback(f, budget)
 		case nt := <-wake:
 			if v, err, done := c.onNotice(f, nt); done {
 				c.stats.notified.Add(1)
+				end = WaitNotified
 				return v, err
 			}
+			end = WaitNotified // a wake-up that made it look again
 		case <-poll.C:
 			c.stats.polled.Add(1)
+			end = WaitPolled
 		}
 		v, err, done, p := c.check(f)
 		if done {
+			if f.claim != nil || f.outcome == OutcomeLeader {
+				end = WaitTakeover
+			}
 			return v, err
 		}
 		pttl = p
@@ -416,6 +438,7 @@ func (c *Cache) check(f *flight) (val []byte, err error, done bool, pttl time.Du
 		return v, err, true, 0
 	case lease != nil:
 		c.stats.takeovers.Add(1)
+		c.sig.lease(f.key, LeaseTakenOver)
 		f.outcome = OutcomeLeader
 		if f.load == nil {
 			f.claim = lease // Begin: the caller builds the value
@@ -456,6 +479,7 @@ func (c *Cache) redisDown(f *flight, cause error) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
 	c.stats.failOpen.Add(1)
+	c.sig.failOpen(f.key)
 	return c.loadLocal(f)
 }
 
@@ -466,6 +490,7 @@ func (c *Cache) redisFailed(err error) {
 	}
 	if c.brk.failure() {
 		c.stats.breakerOpens.Add(1)
+		c.sig.circuit(true)
 		c.log(slog.LevelWarn, "herd: circuit breaker opened: loading locally until Redis answers again", "err", err)
 	}
 }
@@ -488,7 +513,9 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 		return nil, ErrClosed
 	}
 	c.stats.localLoads.Add(1)
+	start := time.Now()
 	val, err := c.runLoader(f.load, c.cfg.LoadTimeout, &expiry{})
+	c.sig.load(f.key, time.Since(start), err, false)
 	switch {
 	case err == nil && len(val) > c.cfg.MaxValueBytes:
 		return nil, fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
@@ -599,5 +626,13 @@ func SetExpiry(ctx context.Context, ttl, staleFor time.Duration) {
 	}
 	if staleFor >= 0 {
 		e.staleFor = staleFor
+	}
+}
+
+// redisAnswered records an answer from Redis with the breaker.
+func (c *Cache) redisAnswered() {
+	if c.brk.success() {
+		c.sig.circuit(false)
+		c.log(slog.LevelInfo, "herd: circuit breaker closed: Redis answers again")
 	}
 }

@@ -1,0 +1,223 @@
+package herd
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// Observer receives herd's signals: the lock-health signals an operator
+// needs to tell whether leases, waits and rebuilds are healthy. Every
+// field is optional; a nil Observer, or a nil field, costs nothing (no
+// call, no allocation). Functions are called synchronously on herd's hot
+// paths, concurrently: they must be fast and safe for concurrent use.
+//
+// class is [Options.KeyClass] of the key (or [LockerOptions.KeyClass]),
+// or "" when none is configured: herd never passes a raw key, so labels
+// stay bounded. The adapter in github.com/herdkit/herd/prometheus turns
+// these into Prometheus metrics.
+type Observer struct {
+	// Lookup reports how each Get, Fetch or Begin call was served.
+	Lookup func(class string, outcome Outcome)
+
+	// Load reports one run of a loader (or one Fill): its duration, its
+	// error (nil on success, possibly ErrNotFound or a *PanicError) and
+	// whether it ran under the key's lease (false: fail-open or fallback).
+	Load func(class string, d time.Duration, err error, leased bool)
+
+	// Lease reports lease events: acquired, contended (held by another),
+	// taken over (a follower won a lease its leader released or let
+	// lapse), lost, extended, extend failed.
+	Lease func(class string, ev LeaseEvent)
+
+	// Wait reports a follower's wait for another process's rebuild, and
+	// how it ended.
+	Wait func(class string, d time.Duration, end WaitEnd)
+
+	// Commit reports a leader's write: stored, fenced (a newer lease, Set
+	// or Invalidate came first: the duplicate-rebuild signal) or failed.
+	Commit func(class string, result CommitResult)
+
+	// Circuit reports the Redis circuit breaker opening (true) and
+	// closing (false).
+	Circuit func(open bool)
+
+	// FailOpen reports a call served by a local load because Redis was
+	// unreachable or the circuit was open.
+	FailOpen func(class string)
+
+	// Corrupt reports bytes at a value key that are not an intact
+	// envelope (read as a miss).
+	Corrupt func(class string)
+
+	// Refresh reports background refreshes: started, dropped (the pool
+	// was full), failed (stale-if-error) and skipped (another process
+	// refreshed first, or refreshes are backing off).
+	Refresh func(class string, ev RefreshEvent)
+}
+
+// LeaseEvent is a lease event reported to [Observer.Lease].
+type LeaseEvent uint8
+
+const (
+	LeaseAcquired LeaseEvent = iota
+	LeaseContended
+	LeaseTakenOver
+	LeaseLost
+	LeaseExtended
+	LeaseExtendFailed
+)
+
+func (e LeaseEvent) String() string {
+	return [...]string{"acquired", "contended", "taken_over", "lost", "extended", "extend_failed"}[e]
+}
+
+// WaitEnd is how a follower's wait ended, reported to [Observer.Wait].
+type WaitEnd uint8
+
+const (
+	WaitNotified  WaitEnd = iota // woken by the leader's message
+	WaitPolled                   // found the value by polling
+	WaitTakeover                 // took the lease over and rebuilt
+	WaitTimeout                  // spent its budget; Fallback applied
+	WaitCancelled                // the caller left, or the Cache closed
+)
+
+func (e WaitEnd) String() string {
+	return [...]string{"notified", "polled", "takeover", "timeout", "cancelled"}[e]
+}
+
+// CommitResult is the result of a leader's write, reported to
+// [Observer.Commit].
+type CommitResult uint8
+
+const (
+	CommitStored CommitResult = iota
+	CommitFenced
+	CommitError
+)
+
+func (r CommitResult) String() string { return [...]string{"stored", "fenced", "error"}[r] }
+
+// RefreshEvent is a background refresh event, reported to
+// [Observer.Refresh].
+type RefreshEvent uint8
+
+const (
+	RefreshStarted RefreshEvent = iota
+	RefreshDropped
+	RefreshFailed
+	RefreshSkipped
+)
+
+func (e RefreshEvent) String() string {
+	return [...]string{"started", "dropped", "failed", "skipped"}[e]
+}
+
+// signals is how the Cache and the Locker emit: the observer, the class
+// mapping and a rate-limited logger.
+type signals struct {
+	obs      *Observer
+	classOf  func(key string) string // nil: ""
+	logger   *slog.Logger
+	limitMu  sync.Mutex
+	lastLog  map[string]time.Time
+	dropped  map[string]int
+	logEvery time.Duration
+}
+
+func newSignals(obs *Observer, classOf func(string) string, logger *slog.Logger) *signals {
+	return &signals{obs: obs, classOf: classOf, logger: logger,
+		lastLog: make(map[string]time.Time), dropped: make(map[string]int), logEvery: time.Second}
+}
+
+func (s *signals) class(key string) string {
+	if s.classOf == nil {
+		return ""
+	}
+	return s.classOf(key)
+}
+
+func (s *signals) lease(key string, ev LeaseEvent) {
+	if s.obs != nil && s.obs.Lease != nil {
+		s.obs.Lease(s.class(key), ev)
+	}
+}
+
+// logRare logs a rare event at most once per second per message; the
+// next log line of that message says how many were suppressed, so a
+// failing Redis cannot flood the logs.
+func (s *signals) logRare(level slog.Level, msg string, args ...any) {
+	if s.logger == nil {
+		return
+	}
+	now := time.Now()
+	s.limitMu.Lock()
+	if last, ok := s.lastLog[msg]; ok && now.Sub(last) < s.logEvery {
+		s.dropped[msg]++
+		s.limitMu.Unlock()
+		return
+	}
+	s.lastLog[msg] = now
+	n := s.dropped[msg]
+	delete(s.dropped, msg)
+	if len(s.lastLog) > 1024 { // messages are constants; this only bounds a misuse
+		clear(s.lastLog)
+	}
+	s.limitMu.Unlock()
+	if n > 0 {
+		args = append(args, "suppressed", n)
+	}
+	s.logger.Log(context.Background(), level, msg, args...)
+}
+
+// The emitters: each is a nil check when no Observer is set.
+
+func (s *signals) lookup(key string, o Outcome) {
+	if s.obs != nil && s.obs.Lookup != nil {
+		s.obs.Lookup(s.class(key), o)
+	}
+}
+
+func (s *signals) load(key string, d time.Duration, err error, leased bool) {
+	if s.obs != nil && s.obs.Load != nil {
+		s.obs.Load(s.class(key), d, err, leased)
+	}
+}
+
+func (s *signals) wait(key string, d time.Duration, end WaitEnd) {
+	if s.obs != nil && s.obs.Wait != nil {
+		s.obs.Wait(s.class(key), d, end)
+	}
+}
+
+func (s *signals) commit(key string, r CommitResult) {
+	if s.obs != nil && s.obs.Commit != nil {
+		s.obs.Commit(s.class(key), r)
+	}
+}
+
+func (s *signals) circuit(open bool) {
+	if s.obs != nil && s.obs.Circuit != nil {
+		s.obs.Circuit(open)
+	}
+}
+
+func (s *signals) failOpen(key string) {
+	if s.obs != nil && s.obs.FailOpen != nil {
+		s.obs.FailOpen(s.class(key))
+	}
+}
+
+func (s *signals) corrupt(key string) {
+	if s.obs != nil && s.obs.Corrupt != nil {
+		s.obs.Corrupt(s.class(key))
+	}
+}
+
+func (s *signals) refresh(key string, ev RefreshEvent) {
+	if s.obs != nil && s.obs.Refresh != nil {
+		s.obs.Refresh(s.class(key), ev)
+	}
+}
