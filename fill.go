@@ -127,6 +127,7 @@ func (c *Cache) begin(f *flight) ([]byte, error) {
 		return nil, nil
 	case errors.Is(err, ErrLeaseHeld):
 		f.outcome = OutcomeFollower
+		c.sig.lease(f.key, LeaseContended)
 		return c.follow(f, pttl)
 	default:
 		return c.redisDown(f, err)

@@ -26,9 +26,10 @@ type Observer struct {
 	// whether it ran under the key's lease (false: fail-open or fallback).
 	Load func(class string, d time.Duration, err error, leased bool)
 
-	// Lease reports lease events: acquired, contended (held by another),
-	// taken over (a follower won a lease its leader released or let
-	// lapse), lost, extended, extend failed.
+	// Lease reports lease events: acquired (each lease won), contended
+	// (a call found the lease held and waits, once per wait), taken over
+	// (a waiting follower won a lease its leader released or let lapse),
+	// lost, extended, extend failed.
 	Lease func(class string, ev LeaseEvent)
 
 	// Wait reports a follower's wait for another process's rebuild, and

@@ -81,6 +81,9 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 		return nil, err
 	}
 	lease, _, err := l.try(ctx, key, keys, ttl)
+	if errors.Is(err, ErrLeaseHeld) {
+		l.cfg.sig.lease(key, LeaseContended)
+	}
 	return lease, err
 }
 
@@ -101,6 +104,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	if lease != nil || !errors.Is(err, ErrLeaseHeld) {
 		return lease, err
 	}
+	l.cfg.sig.lease(key, LeaseContended) // once per wait
 
 	maxWait := l.cfg.maxWait
 	if maxWait == 0 {
@@ -216,7 +220,6 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 		if r.backoff {
 			return r, nil
 		}
-		l.cfg.sig.lease(key, LeaseContended)
 		return r, fmt.Errorf("%w: %q", ErrLeaseHeld, key)
 	}
 	token, err := strconv.ParseUint(val, 10, 64)

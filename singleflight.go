@@ -79,6 +79,7 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 		return c.lead(f, lease, false)
 	case errors.Is(err, ErrLeaseHeld):
 		f.outcome = OutcomeFollower
+		c.sig.lease(f.key, LeaseContended)
 		return c.follow(f, pttl)
 	default:
 		return c.redisDown(f, err)

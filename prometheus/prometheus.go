@@ -1,0 +1,169 @@
+// Package prometheus exports herd's signals as Prometheus metrics.
+//
+//	reg := prometheus.NewRegistry() // or prometheus.DefaultRegisterer
+//	obs := herdprom.NewObserver(reg, nil)
+//	cache := herd.New(rdb, &herd.Options{Observer: obs, KeyClass: classOf})
+//
+// Every metric is prefixed herd_. Labels are bounded: the key class
+// ([herd.Options.KeyClass], "" shown as "default"), the outcome or event
+// name, never a raw key; classes beyond [Options.MaxClasses] are reported
+// as "other". Duration histograms have buckets from 100µs (a hit-path
+// wait) to 60s (a long rebuild).
+//
+// The metrics:
+//
+//	herd_lookups_total{class,outcome}           how calls were served: hit, stale, early-refresh, negative, leader, follower, fallback
+//	herd_loads_total{class,result,leased}       loader runs: result ok, not_found, error, panic; leased false = fail-open or fallback
+//	herd_load_duration_seconds{class}           loader run time (histogram)
+//	herd_lease_events_total{class,event}        acquired, contended, taken_over, lost, extended, extend_failed
+//	herd_wait_duration_seconds{class,end}       follower waits by how they ended: notified, polled, takeover, timeout, cancelled (histogram)
+//	herd_commits_total{class,result}            stored, fenced (the duplicate-rebuild signal), error
+//	herd_circuit_open                           1 while the Redis circuit breaker is open
+//	herd_circuit_transitions_total{state}       open, closed
+//	herd_fail_open_total{class}                 calls served by a local load because Redis was unreachable
+//	herd_corrupt_values_total{class}            unreadable bytes at a value key (read as a miss)
+//	herd_refreshes_total{class,event}           background refreshes: started, dropped, failed, skipped
+package prometheus
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/herdkit/herd"
+	prom "github.com/prometheus/client_golang/prometheus"
+)
+
+// Options configures [NewObserver]. A nil *Options means the defaults.
+type Options struct {
+	// Namespace replaces the "herd" prefix of every metric name.
+	Namespace string
+	// ConstLabels are added to every metric (for example the service).
+	ConstLabels prom.Labels
+	// MaxClasses bounds the distinct class label values; later classes
+	// are reported as "other". Default: 100.
+	MaxClasses int
+}
+
+// durationBuckets span sub-millisecond waits to multi-second rebuilds.
+var durationBuckets = []float64{
+	.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60,
+}
+
+// NewObserver registers herd's metrics on reg and returns the Observer
+// that feeds them. It panics if the metrics cannot be registered (for
+// example registered twice on one registry with the same Namespace and
+// ConstLabels), as prometheus.MustRegister does.
+func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
+	var o Options
+	if opt != nil {
+		o = *opt
+	}
+	if o.Namespace == "" {
+		o.Namespace = "herd"
+	}
+	if o.MaxClasses <= 0 {
+		o.MaxClasses = 100
+	}
+	m := &metrics{classes: make(map[string]struct{}), maxClasses: o.MaxClasses}
+	counter := func(name, help string, labels ...string) *prom.CounterVec {
+		return prom.NewCounterVec(prom.CounterOpts{Namespace: o.Namespace, Name: name, Help: help, ConstLabels: o.ConstLabels}, labels)
+	}
+	histogram := func(name, help string, labels ...string) *prom.HistogramVec {
+		return prom.NewHistogramVec(prom.HistogramOpts{Namespace: o.Namespace, Name: name, Help: help, ConstLabels: o.ConstLabels, Buckets: durationBuckets}, labels)
+	}
+	m.lookups = counter("lookups_total", "Calls by how they were served.", "class", "outcome")
+	m.loads = counter("loads_total", "Loader runs (origin calls) by result; leased=false means fail-open or fallback.", "class", "result", "leased")
+	m.loadDur = histogram("load_duration_seconds", "Loader run time.", "class")
+	m.leases = counter("lease_events_total", "Lease events.", "class", "event")
+	m.waits = histogram("wait_duration_seconds", "Follower waits for another process's rebuild, by how they ended.", "class", "end")
+	m.commits = counter("commits_total", "Leader writes by result; fenced counts duplicate or stale rebuilds.", "class", "result")
+	m.circuitOpen = prom.NewGauge(prom.GaugeOpts{Namespace: o.Namespace, Name: "circuit_open", Help: "1 while the Redis circuit breaker is open.", ConstLabels: o.ConstLabels})
+	m.circuitTrans = counter("circuit_transitions_total", "Circuit breaker transitions.", "state")
+	m.failOpen = counter("fail_open_total", "Calls served by a local load because Redis was unreachable.", "class")
+	m.corrupt = counter("corrupt_values_total", "Unreadable bytes at a value key, read as a miss.", "class")
+	m.refreshes = counter("refreshes_total", "Background refresh events.", "class", "event")
+	reg.MustRegister(m.lookups, m.loads, m.loadDur, m.leases, m.waits, m.commits,
+		m.circuitOpen, m.circuitTrans, m.failOpen, m.corrupt, m.refreshes)
+
+	return &herd.Observer{
+		Lookup: func(class string, out herd.Outcome) {
+			m.lookups.WithLabelValues(m.class(class), out.String()).Inc()
+		},
+		Load: func(class string, d time.Duration, err error, leased bool) {
+			c := m.class(class)
+			m.loads.WithLabelValues(c, loadResult(err), boolLabel(leased)).Inc()
+			m.loadDur.WithLabelValues(c).Observe(d.Seconds())
+		},
+		Lease: func(class string, ev herd.LeaseEvent) {
+			m.leases.WithLabelValues(m.class(class), ev.String()).Inc()
+		},
+		Wait: func(class string, d time.Duration, end herd.WaitEnd) {
+			m.waits.WithLabelValues(m.class(class), end.String()).Observe(d.Seconds())
+		},
+		Commit: func(class string, r herd.CommitResult) {
+			m.commits.WithLabelValues(m.class(class), r.String()).Inc()
+		},
+		Circuit: func(open bool) {
+			if open {
+				m.circuitOpen.Set(1)
+				m.circuitTrans.WithLabelValues("open").Inc()
+			} else {
+				m.circuitOpen.Set(0)
+				m.circuitTrans.WithLabelValues("closed").Inc()
+			}
+		},
+		FailOpen: func(class string) { m.failOpen.WithLabelValues(m.class(class)).Inc() },
+		Corrupt:  func(class string) { m.corrupt.WithLabelValues(m.class(class)).Inc() },
+		Refresh: func(class string, ev herd.RefreshEvent) {
+			m.refreshes.WithLabelValues(m.class(class), ev.String()).Inc()
+		},
+	}
+}
+
+type metrics struct {
+	lookups, loads, leases, commits, circuitTrans, failOpen, corrupt, refreshes *prom.CounterVec
+	loadDur, waits                                                             *prom.HistogramVec
+	circuitOpen                                                                prom.Gauge
+
+	mu         sync.Mutex
+	classes    map[string]struct{}
+	maxClasses int
+}
+
+// class bounds the class label's values.
+func (m *metrics) class(c string) string {
+	if c == "" {
+		return "default"
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.classes[c]; ok {
+		return c
+	}
+	if len(m.classes) >= m.maxClasses {
+		return "other"
+	}
+	m.classes[c] = struct{}{}
+	return c
+}
+
+func loadResult(err error) string {
+	var pe *herd.PanicError
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.Is(err, herd.ErrNotFound):
+		return "not_found"
+	case errors.As(err, &pe):
+		return "panic"
+	}
+	return "error"
+}
+
+func boolLabel(b bool) string {
+	if b {
+		return "true"
+	}
+	return "false"
+}
