@@ -123,8 +123,8 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 
 type metrics struct {
 	lookups, loads, leases, commits, circuitTrans, failOpen, corrupt, refreshes *prom.CounterVec
-	loadDur, waits                                                             *prom.HistogramVec
-	circuitOpen                                                                prom.Gauge
+	loadDur, waits                                                              *prom.HistogramVec
+	circuitOpen                                                                 prom.Gauge
 
 	mu         sync.Mutex
 	classes    map[string]struct{}

@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/herdkit/herd"
-	herdprom "github.com/herdkit/herd/prometheus"
 	"github.com/herdkit/herd/internal/redistest"
+	herdprom "github.com/herdkit/herd/prometheus"
 	prom "github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
@@ -91,7 +91,9 @@ func TestColdWave(t *testing.T) {
 		})
 	}
 	<-entered
-	waitFor(t, func() bool { return sum(t, reg, "herd_lease_events_total", map[string]string{"event": "contended"}) == 3 })
+	waitFor(t, func() bool {
+		return sum(t, reg, "herd_lease_events_total", map[string]string{"event": "contended"}) == 3
+	})
 	time.Sleep(50 * time.Millisecond) // let followers subscribe; the counts below hold either way
 	close(gate)
 	wg.Wait()
