@@ -1,0 +1,94 @@
+// Command metrics serves a small chi app cached by herd, with herd's
+// Prometheus metrics on /metrics next to it.
+//
+//	go run ./examples/metrics                   # embedded Redis
+//	go run ./examples/metrics -redis 127.0.0.1:6379
+//
+// Then load a cold URL from many clients at once and read the signals:
+//
+//	seq 50 | xargs -P 50 -I{} curl -s -o /dev/null http://127.0.0.1:8081/reports/42
+//	curl -s http://127.0.0.1:8081/metrics | grep '^herd_'
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/go-chi/chi/v5"
+	chimw "github.com/go-chi/chi/v5/middleware"
+	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/middleware"
+	herdprom "github.com/herdkit/herd/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	addr := flag.String("addr", "127.0.0.1:8081", "listen address")
+	redisAddr := flag.String("redis", "", "Redis address (default: an embedded Redis)")
+	flag.Parse()
+
+	if *redisAddr == "" {
+		mr, err := miniredis.Run()
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer mr.Close()
+		*redisAddr = mr.Addr()
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+	defer rdb.Close()
+
+	// One registry for the app; herd's metrics go on it too.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(prometheus.NewGoCollector())
+	cache := herd.New(rdb, &herd.Options{
+		Observer: herdprom.NewObserver(reg, nil),
+		// Bounded labels: one class for every page; herd never labels raw keys.
+		KeyClass: func(key string) string { return "http" },
+		Logger:   slog.Default(),
+	})
+	defer cache.Close()
+
+	r := chi.NewRouter()
+	r.Use(chimw.Recoverer)
+	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	r.With(middleware.New(cache, &middleware.Options{TTL: 10 * time.Second, StaleFor: 30 * time.Second})).
+		Get("/reports/{id}", func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(300 * time.Millisecond) // a slow report query
+			log.Printf("handler ran for report %s", chi.URLParam(r, "id"))
+			fmt.Fprintf(w, "report %s built at %s\n", chi.URLParam(r, "id"), time.Now().Format(time.RFC3339Nano))
+		})
+
+	srv := &http.Server{Addr: *addr, Handler: r, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Fatal(err)
+		}
+	}()
+	base := "http://" + *addr
+	fmt.Println(strings.Join([]string{
+		"herd metrics example on " + base,
+		"  seq 50 | xargs -P 50 -I{} curl -s -o /dev/null " + base + "/reports/42   # 50 concurrent requests, one handler run",
+		"  curl -s " + base + "/metrics | grep '^herd_'",
+	}, "\n"))
+
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
+	<-stop
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(ctx)
+}
