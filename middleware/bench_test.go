@@ -1,0 +1,173 @@
+package middleware
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/redistest"
+)
+
+// benchBody is a typical small JSON response.
+var benchBody = []byte(`{"id":42,"name":"Widget","price":"19.99","tags":["blue","small"],"description":"` + strings.Repeat("x", 900) + `"}`)
+
+// BenchmarkHitOverhead compares, in-process (httptest.NewRecorder and
+// direct ServeHTTP calls, no network), the bare handler with the same
+// handler behind the middleware on a hit, and a raw Redis GET of a value
+// of the same size: what a hit costs beyond the one round trip it needs.
+func BenchmarkHitOverhead(b *testing.B) {
+	c, rdb := newCache(b, nil)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(benchBody)
+	})
+	req := httptest.NewRequest(http.MethodGet, "http://catalog.example/products/42", nil)
+
+	b.Run("bare", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+		}
+	})
+
+	b.Run("middleware-hit", func(b *testing.B) {
+		mw := New(c, &Options{TTL: time.Hour})(h)
+		rec := httptest.NewRecorder()
+		mw.ServeHTTP(rec, req) // stores the entry
+		if cs := rec.Result().Header.Get("Cache-Status"); cs != statusStored {
+			b.Fatalf("first request: Cache-Status %q, want %q", cs, statusStored)
+		}
+		rec = httptest.NewRecorder()
+		mw.ServeHTTP(rec, req)
+		if cs := rec.Result().Header.Get("Cache-Status"); !strings.HasPrefix(cs, statusHit) || rec.Body.Len() != len(benchBody) {
+			b.Fatalf("second request: Cache-Status %q, %d bytes; want a hit of %d bytes", cs, rec.Body.Len(), len(benchBody))
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			rec := httptest.NewRecorder()
+			mw.ServeHTTP(rec, req)
+		}
+	})
+
+	b.Run("redis-GET", func(b *testing.B) {
+		ctx := context.Background()
+		key := "bench:raw-get"
+		if err := rdb.Set(ctx, key, benchBody, time.Hour).Err(); err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := rdb.Get(ctx, key).Bytes(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkHotURL puts a slow handler (20 ms, a database query) on an
+// httptest server and has many parallel clients request one hot URL
+// whose entry lives 200 ms, so it expires and is rebuilt over and over.
+// It reports the handler runs per 1000 requests and the p99 latency of a
+// request, behind the middleware (without and with a stale window) and
+// for the bare handler.
+func BenchmarkHotURL(b *testing.B) {
+	const (
+		work = 20 * time.Millisecond
+		ttl  = 200 * time.Millisecond
+	)
+	srv := redistest.Start(b)
+	rdb := srv.Client(b)
+	c := herd.New(rdb, nil)
+	b.Cleanup(func() { c.Close() })
+
+	var runs atomic.Int64
+	slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		time.Sleep(work)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(benchBody)
+	})
+
+	for _, bc := range []struct {
+		name string
+		h    http.Handler
+	}{
+		{"bare", slow},
+		{"middleware", New(c, &Options{TTL: ttl})(slow)},
+		{"middleware-stale", New(c, &Options{TTL: ttl, StaleFor: time.Second})(slow)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ts := httptest.NewServer(bc.h)
+			defer ts.Close()
+			const parallelism = 16 // clients per GOMAXPROCS
+			tr := &http.Transport{MaxIdleConnsPerHost: 1024}
+			defer tr.CloseIdleConnections()
+			client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+			// A fresh URL for each run of this function, so that every run
+			// starts cold.
+			url := ts.URL + "/products/hot-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+
+			runs.Store(0)
+			var (
+				requests, failures atomic.Int64
+				mu                 sync.Mutex
+				latencies          []time.Duration
+				firstErr           error
+			)
+			b.SetParallelism(parallelism)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				var lat []time.Duration
+				var errOnce error
+				for pb.Next() {
+					t0 := time.Now()
+					resp, err := client.Get(url)
+					if err == nil {
+						_, err = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if err == nil && resp.StatusCode != http.StatusOK {
+							err = fmt.Errorf("status %d", resp.StatusCode)
+						}
+					}
+					lat = append(lat, time.Since(t0))
+					requests.Add(1)
+					if err != nil {
+						failures.Add(1)
+						if errOnce == nil {
+							errOnce = err
+						}
+					}
+				}
+				mu.Lock()
+				latencies = append(latencies, lat...)
+				if firstErr == nil {
+					firstErr = errOnce
+				}
+				mu.Unlock()
+			})
+			b.StopTimer()
+			if n := failures.Load(); n > 0 {
+				b.Errorf("%d of %d requests failed; first: %v", n, requests.Load(), firstErr)
+			}
+			if n := requests.Load(); n > 0 {
+				b.ReportMetric(float64(runs.Load())*1000/float64(n), "runs/1000req")
+			}
+			if len(latencies) > 0 {
+				slices.Sort(latencies)
+				p99 := latencies[min(len(latencies)-1, len(latencies)*99/100)]
+				b.ReportMetric(float64(p99)/float64(time.Millisecond), "p99-ms")
+			}
+		})
+	}
+}
