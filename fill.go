@@ -208,18 +208,30 @@ func (fl *Fill) Leased() bool { return fl.lease != nil }
 // Commit stores val for ttl, servable stale for staleFor afterwards, if
 // the Fill is leased and its fence is still current, and hands it to every
 // caller waiting on the key. It runs under the Cache's own context, not a
-// caller's: others wait for it. It returns [ErrInvalidTTL] or
-// [ErrValueTooLarge] (and then aborts the Fill); a failed or fenced write
-// is counted in [Stats], logged, and not an error (the value still
-// reaches the local waiters). Calls after the first Commit or Abort do
-// nothing and return nil.
+// caller's: others wait for it. A failed or fenced write is counted in
+// [Stats], logged, and not an error (the value still reaches the local
+// waiters). A val above [Options.MaxValueBytes] is not stored: the
+// waiters in this process still get it, those in other processes are told
+// [ErrNotShared] and build it themselves, and Commit returns
+// [ErrValueTooLarge]. An invalid ttl aborts the Fill and returns
+// [ErrInvalidTTL]. Calls after the first Commit or Abort do nothing and
+// return nil.
 func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
-	err := checkTTL(ttl)
-	if err == nil && len(val) > fl.c.cfg.MaxValueBytes {
-		err = fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(val), fl.c.cfg.MaxValueBytes)
-	}
-	if err != nil {
+	if err := checkTTL(ttl); err != nil {
 		fl.Abort(err)
+		return err
+	}
+	if len(val) > fl.c.cfg.MaxValueBytes {
+		err := fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(val), fl.c.cfg.MaxValueBytes)
+		fl.once.Do(func() {
+			if fl.lease != nil {
+				fl.lease.finish()
+				msg := string([]byte{msgFailed, failNotShared}) + err.Error()
+				fl.c.releaseDetached(fl.f, fl.lease, msg, 0)
+			}
+			now := fl.c.now()
+			fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: now, Expires: now.Add(ttl)}, nil)
+		})
 		return err
 	}
 	fl.once.Do(func() {

@@ -174,8 +174,17 @@ func testFillBadCommit(t *testing.T, b backend) {
 	if err != nil || fill == nil {
 		t.Fatal(err)
 	}
+	local := make(chan *Hit, 1)
+	go func() {
+		h, _, _ := c.Begin(ctx, key, time.Minute, nil)
+		local <- h
+	}()
+	waitLocalWaiters(t, c, key, 1)
 	if err := fill.Commit([]byte("more than eight bytes"), time.Minute, 0); !errors.Is(err, ErrValueTooLarge) {
 		t.Errorf("Commit(too large): got %v, want ErrValueTooLarge", err)
+	}
+	if h := <-local; h == nil || string(h.Value) != "more than eight bytes" {
+		t.Errorf("a local waiter got %+v, want the value that was too large to store", h)
 	}
 	if n := b.rdb.Exists(ctx, mustKeys(t, key).lease, mustKeys(t, key).value).Val(); n != 0 {
 		t.Errorf("after a refused Commit the lease or a value remains")
