@@ -59,6 +59,7 @@ func main() {
 		if err != nil {
 			log.Fatal(err)
 		}
+		mr.ClockTTL(true) // keys expire in real time, as in Redis
 		defer mr.Close()
 		*redisAddr = mr.Addr()
 	}

@@ -1,0 +1,90 @@
+// Command lease runs a "nightly job" from three instances at once: herd's
+// Locker lets one run it, and the job writes its result through a
+// FencedStore, so that an instance that paused past its lease (a GC pause,
+// a frozen VM) cannot overwrite the work of the instance that took over.
+//
+//	go run ./examples/lease                 # embedded Redis
+//	go run ./examples/lease -redis 127.0.0.1:6379
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log"
+	"sync"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/herdkit/herd"
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	redisAddr := flag.String("redis", "", "Redis address (default: an embedded Redis)")
+	flag.Parse()
+	if *redisAddr == "" {
+		mr, err := miniredis.Run()
+		if err != nil {
+			log.Fatal(err)
+		}
+		mr.ClockTTL(true) // keys expire in real time, as in Redis
+		defer mr.Close()
+		*redisAddr = mr.Addr()
+	}
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
+	defer rdb.Close()
+	locker := herd.NewLocker(rdb, nil)
+	defer locker.Close()
+	results := herd.NewFencedStore(rdb, "")
+	ctx := context.Background()
+
+	// Three instances start the job at the same moment: one runs it.
+	var wg sync.WaitGroup
+	for i := 1; i <= 3; i++ {
+		wg.Go(func() {
+			lease, err := locker.TryAcquire(ctx, "nightly-report", 2*time.Second)
+			if errors.Is(err, herd.ErrLeaseHeld) {
+				fmt.Printf("instance %d: another instance runs the job\n", i)
+				return
+			}
+			if err != nil {
+				log.Print(err)
+				return
+			}
+			defer lease.Release(context.WithoutCancel(ctx))
+			lease.KeepAlive(time.Minute) // renew while working, never past a minute
+			fmt.Printf("instance %d: running the job with fencing token %d\n", i, lease.Token())
+			time.Sleep(300 * time.Millisecond) // the work
+			select {
+			case <-lease.Lost():
+				fmt.Printf("instance %d: lease lost, abandoning\n", i)
+			default:
+				err := results.Set(ctx, "nightly-report", lease.Token(), []byte(fmt.Sprintf("report by instance %d", i)), 0)
+				fmt.Printf("instance %d: result written: %v\n", i, err)
+			}
+		})
+	}
+	wg.Wait()
+
+	// Fencing: A takes a lease and stalls past it; B takes over and writes;
+	// A wakes up and tries to write its stale result.
+	a, err := locker.TryAcquire(ctx, "rebuild-index", 300*time.Millisecond)
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("\nA holds token %d, then stalls for longer than its 300ms lease\n", a.Token())
+	b, err := locker.Acquire(ctx, "rebuild-index", 300*time.Millisecond) // waits for A's lease to run out
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("B takes over with token %d and writes: %v\n", b.Token(),
+		results.Set(ctx, "index", b.Token(), []byte("index by B"), 0))
+	b.Release(ctx)
+	err = results.Set(ctx, "index", a.Token(), []byte("index by A"), 0)
+	fmt.Printf("A wakes up and writes with token %d: %v (ErrFenced: %v)\n", a.Token(), err, errors.Is(err, herd.ErrFenced))
+	fmt.Printf("A releases: %v\n", a.Release(ctx))
+	v, tok, _ := results.Get(ctx, "index")
+	fmt.Printf("the index is %q, written with token %d\n", v, tok)
+}
