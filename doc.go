@@ -82,6 +82,55 @@
 // Bound Redis calls with the client's ReadTimeout and WriteTimeout: the
 // Cache relies on them to notice a slow or vanished Redis.
 //
+// # Freshness
+//
+// [Options.StaleFor] serves a value for that long after its ttl, at once,
+// while one request in the cluster refreshes it in the background
+// (stale-while-revalidate); if the refresh fails the stale value stays
+// servable (stale-if-error) and refreshes back off cluster-wide.
+// [Options.EarlyRefresh] (XFetch's β) refreshes hot keys shortly before
+// they expire, with a probability that grows as expiry nears and with the
+// key's rebuild time, which every envelope carries. A loader can choose
+// its value's lifetime with [SetExpiry]. [WithOutcome] tells how a call
+// was served.
+//
+// # Tuning
+//
+//   - Lease length: calibrated per key class ([Options.KeyClass]) as
+//     LeaseFactor × the p99 of measured rebuild times, clamped to
+//     [MinLease, MaxLease], DefaultLease before any data. The watchdog
+//     renews it while the rebuild runs, so the lease only needs to cover
+//     the time a crashed leader blocks the key; MaxHold caps a stuck one.
+//   - Wait budget: [Options.WaitTimeout] (default twice the lease) bounds
+//     how long a follower waits; then [Options.Fallback] applies. A budget
+//     shorter than your rebuilds turns waiters into local loads.
+//   - StaleFor is the strongest tool: with it, hot keys never make
+//     readers wait after the first load. EarlyRefresh (β around 1) helps
+//     keys that are hot but not hot enough to be read while stale.
+//   - Give the go-redis client short ReadTimeout and WriteTimeout: they
+//     bound how long herd waits on a slow Redis before failing open.
+//
+// # Redis Cluster
+//
+// A key's names share one hash tag, so every script runs on one slot.
+// Wake-ups use sharded pub/sub (SSUBSCRIBE, SPUBLISH) on Redis 7+, with
+// one pub/sub connection per master, so a message reaches only the node
+// that owns the key; on older servers plain pub/sub is used. A master that
+// fails over loses its leases: at worst one extra rebuild per key, and the
+// fence (seeded from the server clock) keeps a stale write out.
+//
+// # When not to use herd
+//
+// herd is an efficiency lock: it makes duplicate rebuilds rare, not
+// impossible. A leader that stalls past its lease is taken over, and for a
+// moment two rebuilds run; herd's fence keeps the older one from writing
+// the cache, but not from having run. When a duplicate run would corrupt
+// money or data, correctness needs fencing or conditional writes in the
+// resource itself: pass [Lease.Token] to it, as [FencedStore] does. Ask
+// first whether a lock is needed at all: a single writer, or idempotent
+// work, needs none. And herd helps only where a miss is expensive and
+// concurrent; a cheap or rarely shared value gains nothing from it.
+//
 // # The short lease
 //
 // [Locker] is the lease primitive, usable on its own, for example for a
