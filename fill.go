@@ -84,8 +84,8 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 		}
 		return hit, nil, err
 	}
-	f := &flight{key: key, keys: keys, ttl: ttl, load: refresh, caller: ctx}
-	val, err := c.begin(f)
+	f := &flight{key: key, keys: keys, ttl: ttl, refresh: refresh, caller: ctx}
+	val, err := c.run(f)
 	c.sig.lookup(key, f.outcome)
 	switch {
 	case f.claim != nil || f.unleased:
@@ -94,44 +94,6 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 		return nil, nil, err
 	}
 	return &Hit{Value: bytes.Clone(val), Outcome: f.outcome, WrittenAt: f.env.writtenAt, Expires: f.env.softExp}, nil, nil
-}
-
-// begin is run for Begin: a won lease becomes f.claim rather than a load.
-func (c *Cache) begin(f *flight) ([]byte, error) {
-	load := f.load
-	f.load = nil // no loader runs in the caller's flight; refreshes use load
-	defer func() { f.load = load }()
-	if !c.brk.allow() {
-		return c.redisDown(f, errBreakerOpen)
-	}
-	env, ok, err := c.read(f)
-	if err != nil {
-		return c.redisDown(f, err)
-	}
-	if ok {
-		f.load = load // a stale or early hit starts its refresh with it
-		v, err, done := c.served(f, env)
-		f.load = nil
-		if done {
-			return v, err
-		}
-	}
-	c.stats.misses.Add(1)
-	lease, v, err, done, pttl := c.acquire(f)
-	switch {
-	case done:
-		return v, err
-	case lease != nil:
-		c.stats.leads.Add(1)
-		f.outcome, f.claim = OutcomeLeader, lease
-		return nil, nil
-	case errors.Is(err, ErrLeaseHeld):
-		f.outcome = OutcomeFollower
-		c.sig.lease(f.key, LeaseContended)
-		return c.follow(f, pttl)
-	default:
-		return c.redisDown(f, err)
-	}
 }
 
 // waitLocalFill waits for a Fill of key that a caller in this process is

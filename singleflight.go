@@ -24,6 +24,7 @@ type flight struct {
 	keys    keyFamily
 	ttl     time.Duration
 	load    LoadFunc // nil for Begin: the caller builds the value
+	refresh LoadFunc // what a stale or early hit refreshes with (nil: none)
 	outcome Outcome  // how the flight ended, for the callers
 	env     envelope // the envelope that answered the flight, if any
 
@@ -74,6 +75,10 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 	switch {
 	case done:
 		return v, err
+	case lease != nil && f.load == nil:
+		c.stats.leads.Add(1)
+		f.outcome, f.claim = OutcomeLeader, lease // Begin: the caller builds the value
+		return nil, nil
 	case lease != nil:
 		f.outcome = OutcomeLeader
 		return c.lead(f, lease, false)
