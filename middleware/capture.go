@@ -28,6 +28,10 @@ type captureWriter struct {
 	passthrough bool // streaming to the client: not cacheable
 	hijacked    bool
 	overflow    bool // passthrough because the body outgrew max
+
+	// onPassthrough, if set, is called once, when the response becomes
+	// uncacheable (before anything more is written to the client).
+	onPassthrough func()
 }
 
 func newCaptureWriter(client http.ResponseWriter, max int, head bool) *captureWriter {
@@ -88,6 +92,9 @@ func (w *captureWriter) startPassthrough() error {
 		return nil
 	}
 	w.passthrough = true
+	if w.onPassthrough != nil {
+		w.onPassthrough()
+	}
 	if w.client == nil {
 		return nil
 	}
@@ -127,7 +134,11 @@ func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	}
 	conn, rw, err := http.NewResponseController(w.client).Hijack()
 	if err == nil {
+		first := !w.passthrough
 		w.hijacked, w.passthrough = true, true
+		if first && w.onPassthrough != nil {
+			w.onPassthrough()
+		}
 	}
 	return conn, rw, err
 }

@@ -17,9 +17,9 @@
 // Only GET and HEAD requests are looked up (HEAD is served from the GET
 // entry, without a body); other methods pass through untouched. Requests
 // with Authorization or Cookie bypass the cache unless
-// [Options.AllowAuthorized] is set or those headers are part of the key,
-// as do requests with a body, a Range header, or for which KeyFunc says
-// no. A response is stored only if its status has a TTL (by default 200
+// [Options.AllowAuthorized] is set or that header is part of the key, as
+// do requests with a body, a Range header, or for which KeyFunc says no.
+// A response is stored only if its status has a TTL (by default 200
 // and 301 for TTL, 404 for a short NotFoundTTL; never 5xx or 206), its
 // body fits [Options.MaxBodyBytes], it sets no cookie, its Cache-Control
 // is not private, no-store or no-cache, every header it varies on (Vary)
@@ -33,10 +33,14 @@
 // (so a panic reaches an outer Recoverer as usual). Requests that arrive
 // meanwhile wait for its response, in this instance and in others. If the
 // response cannot be shared (it set a cookie, is private, streamed, or
-// outgrew MaxBodyBytes), the waiters run the handler themselves. If it
-// failed (a 5xx, a panic, the client went away), one waiter becomes the
-// new leader and the others wait for it once more; after a second failure
-// they get [Options.ErrorHandler]'s response. No wait outlasts
+// outgrew MaxBodyBytes), the waiters run the handler themselves: as soon
+// as it starts streaming or outgrows MaxBodyBytes, not when it ends. If it
+// failed (a 5xx, a panic, the client went away), each waiter asks once
+// more: one of them leads a new rebuild and the others wait for it. A
+// waiter whose second wait ends in a failure too gets
+// [Options.ErrorHandler]'s response; one that wins the key's lease after
+// that failure instead runs the handler, so a failing handler runs one
+// request at a time, never one per waiter. No wait outlasts
 // [Options.WaitTimeout]; then the request runs the handler itself.
 //
 // Responses carry Cache-Status (RFC 9211): "herd; hit", "herd;
@@ -49,10 +53,13 @@
 // # Security
 //
 // The key is scheme, host, path and canonical query, plus
-// [Options.KeyHeaders]. A handler must not read request headers that are
-// not in the key on a cached route (X-Forwarded-Host and the like): the
-// response of the first request would be served to everyone. Responses
-// that vary on a header outside the key are not stored.
+// [Options.KeyHeaders] and the forwarding headers a request carries
+// (X-Forwarded-Host and the like; see [Options.IgnoreForwardedHeaders]),
+// so a request with a forged X-Forwarded-Host never shares an entry with
+// requests without it. A handler must not read other request headers that
+// are not in the key on a cached route: the response of the first request
+// would be served to everyone. Responses that vary on a header outside
+// the key are not stored.
 package middleware
 
 import (
@@ -102,9 +109,9 @@ type Options struct {
 	NotFoundTTL time.Duration
 
 	// KeyFunc, if set, replaces the default key (scheme, host, path,
-	// canonical query and KeyHeaders); returning ok false bypasses the
-	// cache for the request. The key must include everything the response
-	// depends on.
+	// canonical query, KeyHeaders and forwarding headers); returning ok
+	// false bypasses the cache for the request. The key must include
+	// everything the response depends on.
 	KeyFunc func(r *http.Request) (key string, ok bool)
 
 	// KeyHeaders are request headers that become part of the key, for
@@ -115,7 +122,12 @@ type Options struct {
 
 	// MaxBodyBytes is the largest body stored. A larger response streams
 	// to its own client, uncached, and the requests waiting for it run the
-	// handler themselves. Default: 1 MiB.
+	// handler themselves. Keep it below the Cache's MaxValueBytes (4 MiB
+	// by default) with room for the headers: a response that fits
+	// MaxBodyBytes but not MaxValueBytes is not stored either; the
+	// requests waiting for it in this process run the handler themselves,
+	// but those in other processes take it as a failed rebuild, retry, and
+	// may get ErrorHandler's response. Default: 1 MiB.
 	MaxBodyBytes int
 
 	// RespectCacheControl takes a stored response's TTL from its
@@ -123,9 +135,9 @@ type Options struct {
 	RespectCacheControl bool
 
 	// AllowAuthorized lets requests with Authorization or Cookie use the
-	// cache. A response to a request with Authorization is then stored
-	// only if it says public, s-maxage or must-revalidate (RFC 9111
-	// §3.5).
+	// cache. A response to a request with Authorization or Cookie that is
+	// not part of the key is then stored only if it says public, s-maxage
+	// or must-revalidate (RFC 9111 §3.5).
 	AllowAuthorized bool
 
 	// WaitTimeout bounds how long a request waits for another request's
@@ -138,6 +150,21 @@ type Options struct {
 	// text body.
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 
+	// IgnoreForwardedHeaders leaves the forwarding headers out of the
+	// key: Forwarded (without its for= parameters), Front-End-Https,
+	// X-Forwarded-Host, -Port, -Prefix, -Proto, -Scheme, -Server and
+	// -Ssl, X-Host, X-Http-Host-Override, X-Original-Host,
+	// X-Original-URL, X-Rewrite-URL and X-Url-Scheme. By default each of
+	// them a request carries is part of its key, as if listed in
+	// KeyHeaders, so that a client forging one (the classic cache
+	// poisoning request) only ever gets its own entry; behind a proxy
+	// that sets them, every request carries the same values and shares
+	// entries as usual. Set it only if no handler behind the middleware
+	// reads them, or a proxy in front overwrites them on every request.
+	// X-Forwarded-For and X-Real-IP, which differ per client, are never
+	// keyed: a handler must not read them on a cached route.
+	IgnoreForwardedHeaders bool
+
 	// Logger receives store decisions (debug) and failures (warn).
 	// Default: silent.
 	Logger *slog.Logger
@@ -145,8 +172,9 @@ type Options struct {
 
 type config struct {
 	Options
-	keyHeaders []string // canonical
-	credKeyed  bool     // Authorization or Cookie is part of the key
+	keyHeaders  []string // canonical
+	authKeyed   bool     // Authorization is part of the key
+	cookieKeyed bool     // Cookie is part of the key
 }
 
 func (o *Options) resolve() config {
@@ -194,9 +222,9 @@ func (o *Options) resolve() config {
 		}
 		ch := textproto.CanonicalMIMEHeaderKey(h)
 		c.keyHeaders = append(c.keyHeaders, ch)
-		if ch == "Authorization" || ch == "Cookie" {
-			c.credKeyed = true
-		}
+		// With KeyFunc, KeyHeaders are not part of the key.
+		c.authKeyed = c.authKeyed || (ch == "Authorization" && c.KeyFunc == nil)
+		c.cookieKeyed = c.cookieKeyed || (ch == "Cookie" && c.KeyFunc == nil)
 	}
 	slices.Sort(c.keyHeaders)
 	c.keyHeaders = slices.Compact(c.keyHeaders)
@@ -258,6 +286,13 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case ctx.Err() != nil:
 			return // the client went away
+		case errors.Is(err, herd.ErrValueTooLarge):
+			// The leader's response was fine but too large for the
+			// Cache (its Commit failed): serve this request directly.
+			h.log(slog.LevelDebug, "herd/middleware: the response is too large for the Cache; serving uncached", "key", key)
+			w.Header().Set("Cache-Status", statusBypass)
+			h.next.ServeHTTP(w, r)
+			return
 		case errors.Is(err, herd.ErrLoadFailed) && attempt == 0:
 			continue // the leader failed: one of the waiters leads now
 		case errors.Is(err, herd.ErrLoadFailed):
@@ -283,7 +318,7 @@ func (h *handler) key(r *http.Request) (string, bool) {
 	if r.ContentLength > 0 || len(r.TransferEncoding) > 0 || r.Header.Get("Range") != "" {
 		return "", false
 	}
-	if !h.cfg.AllowAuthorized && !h.cfg.credKeyed && (r.Header.Get("Authorization") != "" || r.Header.Get("Cookie") != "") {
+	if !h.cfg.AllowAuthorized && h.unkeyedCredentials(r) {
 		return "", false
 	}
 	if h.cfg.KeyFunc != nil {
@@ -293,7 +328,18 @@ func (h *handler) key(r *http.Request) (string, bool) {
 		}
 		return "herd-http/custom|" + k, true
 	}
-	return defaultKey(r, h.cfg.keyHeaders), true
+	k := defaultKey(r, h.cfg.keyHeaders)
+	if !h.cfg.IgnoreForwardedHeaders {
+		k += forwardedKey(r, h.cfg.keyHeaders)
+	}
+	return k, true
+}
+
+// unkeyedCredentials reports whether r carries Authorization or Cookie
+// that is not part of its key.
+func (h *handler) unkeyedCredentials(r *http.Request) bool {
+	return (!h.cfg.authKeyed && len(r.Header.Values("Authorization")) > 0) ||
+		(!h.cfg.cookieKeyed && len(r.Header.Values("Cookie")) > 0)
 }
 
 // serveHit writes a stored response.
@@ -355,6 +401,10 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 	}
 	before := w.Header().Clone()
 	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
+	cw.onPassthrough = func() {
+		// Release the waiters now, not when a stream (maybe endless) ends.
+		fill.Abort(fmt.Errorf("%w: the response streamed, outgrew MaxBodyBytes or was hijacked", herd.ErrNotShared))
+	}
 	done := false
 	defer func() {
 		if done {
@@ -424,13 +474,13 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header) (ttl time.
 			if name == "" {
 				continue
 			}
-			if name == "*" || !slices.Contains(h.cfg.keyHeaders, name) {
+			if name == "*" || !h.keyed(name) {
 				return 0, false, "varies on " + name + ", which is not part of the key"
 			}
 		}
 	}
-	if r.Header.Get("Authorization") != "" && !(cc.has("public") || cc.has("s-maxage") || cc.has("must-revalidate")) {
-		return 0, false, "a response to an authorized request without public or s-maxage"
+	if h.unkeyedCredentials(r) && !(cc.has("public") || cc.has("s-maxage") || cc.has("must-revalidate")) {
+		return 0, false, "a response to a request with credentials outside the key, without public, s-maxage or must-revalidate"
 	}
 	ttl, ok := h.cfg.StatusTTL[e.status]
 	if !ok {
@@ -445,6 +495,16 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header) (ttl time.
 		}
 	}
 	return ttl, true, ""
+}
+
+// keyed reports whether the request header name (canonical) is part of
+// every key: a KeyHeaders entry, or a forwarding header (but not
+// Forwarded, whose for= parameters are not keyed).
+func (h *handler) keyed(name string) bool {
+	if slices.Contains(h.cfg.keyHeaders, name) {
+		return true
+	}
+	return h.cfg.KeyFunc == nil && !h.cfg.IgnoreForwardedHeaders && name != "Forwarded" && slices.Contains(forwardedHeaders, name)
 }
 
 // refresher returns the LoadFunc a stale hit refreshes with: the handler
