@@ -186,6 +186,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 	if len(val) > fl.c.cfg.MaxValueBytes {
 		err := fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(val), fl.c.cfg.MaxValueBytes)
 		fl.once.Do(func() {
+			fl.unregister()
 			if fl.lease != nil {
 				fl.lease.finish()
 				msg := string([]byte{msgFailed, failNotShared}) + err.Error()
@@ -197,6 +198,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		return err
 	}
 	fl.once.Do(func() {
+		fl.unregister()
 		c := fl.c
 		delta := time.Since(fl.start)
 		env := c.newEnvelope(0, val, c.jitter(ttl), max(staleFor, 0), delta)
@@ -221,6 +223,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 // plain failure. Calls after the first Commit or Abort do nothing.
 func (fl *Fill) Abort(cause error) {
 	fl.once.Do(func() {
+		fl.unregister()
 		c := fl.c
 		if cause == nil {
 			cause = errors.New("aborted")
@@ -257,6 +260,19 @@ func (fl *Fill) Abort(cause error) {
 
 // resolve hands the outcome to this process's waiters.
 func (fl *Fill) resolve(hit *Hit, err error) {
+	fl.unregister()
+	if fl.local == nil {
+		return
+	}
+	fl.local.hit, fl.local.err = hit, err
+	close(fl.local.done)
+}
+
+// unregister takes the Fill out of the local registry. Commit and Abort
+// call it before they tell other processes, so that a caller of this
+// process woken by that message does not find the finished Fill and wait
+// on it again.
+func (fl *Fill) unregister() {
 	c := fl.c
 	c.fillMu.Lock()
 	delete(c.open, fl)
@@ -264,9 +280,4 @@ func (fl *Fill) resolve(hit *Hit, err error) {
 		delete(c.fills, fl.f.key)
 	}
 	c.fillMu.Unlock()
-	if fl.local == nil {
-		return
-	}
-	fl.local.hit, fl.local.err = hit, err
-	close(fl.local.done)
 }

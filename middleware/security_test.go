@@ -23,7 +23,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"os"
 	"reflect"
 	"regexp"
 	"runtime"
@@ -960,7 +959,7 @@ func TestErrorResponses(t *testing.T) {
 // In the "settled" variant the leader starts alone and the others wait
 // for it in this process, so each wave is complete before the next gate
 // opens. The "burst" variant sends all ten at once: some of them then
-// follow the leader through Redis (see the known issue there).
+// follow the leader through Redis.
 func TestFailedLeaderNoStampede(t *testing.T) {
 	c, rdb := newCache(t, &herd.Options{WaitTimeout: secWait})
 	for _, rt := range secRouters {
@@ -1015,7 +1014,7 @@ func TestFailedLeaderNoStampede(t *testing.T) {
 							done += int(b.finished.Load())
 						}
 						r, w := runs.Load(), secWaiting()
-						ok := r == 2 && w+done == n-1 || burst && r == 1 && done == n // see the known issue below
+						ok := r == 2 && w+done == n-1
 						return ok, fmt.Sprintf("%d runs, %d waiting, %d done", r, w, done)
 					}
 					secWaitForState(t, "the retry leader in the handler and the others waiting", settled)
@@ -1047,17 +1046,12 @@ func TestFailedLeaderNoStampede(t *testing.T) {
 					switch {
 					case burst:
 						// Every request gets the leader's 500, the retry's
-						// response, or ErrorHandler's 502. Known herd issue
-						// (reported): a waiter that followed the leader
-						// through Redis is woken by the failure notice, which
-						// Fill.Abort publishes before it removes the Fill
-						// from this process's registry; calling Begin again
-						// at once, the waiter finds that Fill and gets its
-						// failure a second time. It then answers 502 without
-						// waiting for a retry, even one that succeeds, and if
-						// all waiters do, no retry runs at all.
-						// HERD_MW_KNOWN_ISSUES=1 holds the burst to the
-						// documented behaviour too.
+						// response, or ErrorHandler's 502. A waiter that
+						// followed the leader through Redis and is woken by
+						// its failure notice must not find the failed Fill
+						// still registered in this process (Fill.Abort
+						// unregisters it before it publishes): it waits for
+						// the retry instead of answering 502 at once.
 						if 1+retried+errorHandler != n {
 							t.Errorf("responses: %d of the leader, %d of the retry, %d of ErrorHandler, want %d in all: %v", 1, retried, errorHandler, n, rs)
 						}
@@ -1065,12 +1059,7 @@ func TestFailedLeaderNoStampede(t *testing.T) {
 							t.Errorf("handler ran %d times, want at most 2", got)
 						}
 						if retryStatus == http.StatusOK && errorHandler > 0 {
-							msg := fmt.Sprintf("%d waiters got ErrorHandler's 502 after one failure (%d handler runs)", errorHandler, runs.Load())
-							if os.Getenv("HERD_MW_KNOWN_ISSUES") != "" {
-								t.Error(msg)
-							} else {
-								t.Log("known issue: " + msg)
-							}
+							t.Errorf("%d waiters got ErrorHandler's 502 after one failure (%d handler runs)", errorHandler, runs.Load())
 						}
 					case retryStatus == http.StatusOK:
 						if retried != n-1 {
