@@ -45,9 +45,13 @@ type localFill struct {
 // its own goroutine: the HTTP middleware, which must run a handler in the
 // request's goroutine. It returns one of:
 //
-//   - a *Hit: a fresh value, a stale one within its stale window (then
-//     refresh, if not nil, runs in the background under the key's lease,
-//     as for [Cache.Get]), or the value another caller just built;
+//   - a *Hit: a fresh value, a stale one within its stale window, or the
+//     value another caller just built. When a stale or early hit starts a
+//     background refresh (under the key's lease, as for [Cache.Get]),
+//     refresh, if not nil, is called first, in Begin's goroutine, and the
+//     LoadFunc it returns runs in the background: refresh must capture
+//     everything the load needs from the caller, whose state (an HTTP
+//     request's context values, say) may be gone by then;
 //   - a *Fill: this caller must build the value and Commit or Abort it.
 //     When [Fill.Leased] is false the rebuild is not leased (Redis is
 //     unreachable, or the wait budget for another process's rebuild was
@@ -61,7 +65,7 @@ type localFill struct {
 // Callers in one process that arrive while a Fill of theirs is running
 // wait for it rather than for Redis. Unlike Get, each call's Redis work is
 // its own: the local tier is the Fill registry, not a single-flight.
-func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refresh LoadFunc) (*Hit, *Fill, error) {
+func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refresh func() LoadFunc) (*Hit, *Fill, error) {
 	if err := checkTTL(ttl); err != nil {
 		return nil, nil, err
 	}
@@ -84,7 +88,7 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 		}
 		return hit, nil, err
 	}
-	f := &flight{key: key, keys: keys, ttl: ttl, refresh: refresh, caller: ctx}
+	f := &flight{key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx}
 	val, err := c.run(f)
 	c.sig.lookup(key, f.outcome)
 	switch {

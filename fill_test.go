@@ -235,16 +235,18 @@ func TestFillStaleRefresh(t *testing.T) {
 		calls.Add(1)
 		return []byte("new"), nil
 	}
-	hit, _, err := c.Begin(ctx, "k", time.Minute, refresh)
+	prepared := 0
+	prepare := func() LoadFunc { prepared++; return refresh }
+	hit, _, err := c.Begin(ctx, "k", time.Minute, prepare)
 	if err != nil || string(hit.Value) != "old" || hit.Outcome != OutcomeStale {
 		t.Fatalf("stale Begin = (%+v, %v), want the old value, outcome stale", hit, err)
 	}
 	waitFor(t, 5*time.Second, "the refresh", func() bool {
-		h, _, _ := c.Begin(ctx, "k", time.Minute, refresh)
+		h, _, _ := c.Begin(ctx, "k", time.Minute, prepare)
 		return h != nil && string(h.Value) == "new"
 	})
-	if calls.Load() != 1 {
-		t.Errorf("refresh calls = %d, want 1", calls.Load())
+	if calls.Load() != 1 || prepared != 1 {
+		t.Errorf("refresh calls = %d, prepared %d times; want 1 and 1 (prepared in Begin's goroutine when the refresh starts)", calls.Load(), prepared)
 	}
 }
 

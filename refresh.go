@@ -74,7 +74,7 @@ func (c *Cache) xfetchDue(env envelope, now time.Time) bool {
 // already running in this process or the pool of MaxRefreshes is full
 // (then it is dropped and counted: the next stale hit tries again).
 func (c *Cache) refreshAsync(f *flight, seen envelope) {
-	if f.refresh == nil {
+	if f.refresh == nil && f.prepare == nil {
 		return // Begin without a refresh function
 	}
 	c.refreshMu.Lock()
@@ -98,7 +98,13 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 	c.wg.Add(1)
 	c.mu.RUnlock()
 	c.refreshing[f.key] = struct{}{}
-	rf := &flight{key: f.key, keys: f.keys, ttl: f.ttl, load: f.refresh, refresh: f.refresh}
+	load := f.refresh
+	if f.prepare != nil {
+		// Begin's caller captures what the refresh needs from it now,
+		// while it is still running (an HTTP request's state).
+		load = f.prepare()
+	}
+	rf := &flight{key: f.key, keys: f.keys, ttl: f.ttl, load: load, refresh: load}
 	fence := (&envelope{fence: seen.fence}).encode()[2:10]
 	go func() {
 		defer func() {

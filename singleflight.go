@@ -23,10 +23,11 @@ type flight struct {
 	key     string
 	keys    keyFamily
 	ttl     time.Duration
-	load    LoadFunc // nil for Begin: the caller builds the value
-	refresh LoadFunc // what a stale or early hit refreshes with (nil: none)
-	outcome Outcome  // how the flight ended, for the callers
-	env     envelope // the envelope that answered the flight, if any
+	load    LoadFunc        // nil for Begin: the caller builds the value
+	refresh LoadFunc        // what a stale or early hit refreshes with (nil: none)
+	prepare func() LoadFunc // Begin: called in the caller's goroutine when a refresh starts
+	outcome Outcome         // how the flight ended, for the callers
+	env     envelope        // the envelope that answered the flight, if any
 
 	// For Begin only: the caller's context bounds the follower's wait, and
 	// a lease won while following is handed to the caller (claim) instead

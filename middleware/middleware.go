@@ -75,6 +75,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/herdkit/herd"
 )
 
@@ -507,34 +508,65 @@ func (h *handler) keyed(name string) bool {
 	return h.cfg.KeyFunc == nil && !h.cfg.IgnoreForwardedHeaders && name != "Forwarded" && slices.Contains(forwardedHeaders, name)
 }
 
-// refresher returns the LoadFunc a stale hit refreshes with: the handler
-// run on a copy of the request, detached from its client.
-func (h *handler) refresher(r *http.Request) herd.LoadFunc {
-	return func(ctx context.Context) ([]byte, error) {
-		rctx, cancel := context.WithCancel(context.WithoutCancel(r.Context()))
-		defer cancel()
-		stop := context.AfterFunc(ctx, cancel)
-		defer stop()
-		req := r.Clone(rctx)
-		req.Method = http.MethodGet
-		req.Header.Del("If-None-Match")
-		req.Header.Del("If-Modified-Since")
-		cw := newCaptureWriter(nil, h.cfg.MaxBodyBytes, false)
-		h.next.ServeHTTP(cw, req)
-		if cw.passthrough {
-			return nil, fmt.Errorf("herd/middleware: refresh response streamed, outgrew MaxBodyBytes or hijacked")
+// refresher returns what a stale hit refreshes with: when herd starts a
+// refresh (in the request's goroutine, while the request is alive) it
+// snapshots the request, and the LoadFunc runs the handler on that copy in
+// the background, detached from the client. The snapshot copies chi's
+// route context, which chi recycles once the request returns; other
+// request-scoped context values must stay valid after the request.
+func (h *handler) refresher(r *http.Request) func() herd.LoadFunc {
+	return func() herd.LoadFunc {
+		base := context.WithoutCancel(r.Context())
+		if rc := chi.RouteContext(base); rc != nil {
+			base = context.WithValue(base, chi.RouteCtxKey, copyRouteContext(rc))
 		}
-		e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
-		ttl, _, why := h.decide(req, e, cw.header)
-		if ttl <= 0 {
-			return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", why)
+		snap := r.Clone(base)
+		return func(ctx context.Context) ([]byte, error) {
+			return h.refresh(ctx, snap)
 		}
-		if e.header.Get("Etag") == "" {
-			e.header.Set("Etag", etagOf(e.body))
-		}
-		herd.SetExpiry(ctx, ttl, h.cfg.StaleFor)
-		return e.encode(), nil
 	}
+}
+
+// copyRouteContext copies what a handler reads from chi's route context
+// (and what chi needs to route again when the middleware sits before the
+// router), so the copy does not alias the pooled original.
+func copyRouteContext(rc *chi.Context) *chi.Context {
+	cp := chi.NewRouteContext()
+	cp.Routes = rc.Routes
+	cp.RoutePath = rc.RoutePath
+	cp.RouteMethod = rc.RouteMethod
+	cp.URLParams.Keys = slices.Clone(rc.URLParams.Keys)
+	cp.URLParams.Values = slices.Clone(rc.URLParams.Values)
+	cp.RoutePatterns = slices.Clone(rc.RoutePatterns)
+	return cp
+}
+
+// refresh runs the handler on snap, a snapshot of the request that found
+// the entry stale, and returns the entry to store.
+func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, error) {
+	rctx, cancel := context.WithCancel(snap.Context())
+	defer cancel()
+	stop := context.AfterFunc(ctx, cancel)
+	defer stop()
+	req := snap.Clone(rctx)
+	req.Method = http.MethodGet
+	req.Header.Del("If-None-Match")
+	req.Header.Del("If-Modified-Since")
+	cw := newCaptureWriter(nil, h.cfg.MaxBodyBytes, false)
+	h.next.ServeHTTP(cw, req)
+	if cw.passthrough {
+		return nil, fmt.Errorf("herd/middleware: refresh response streamed, outgrew MaxBodyBytes or hijacked")
+	}
+	e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
+	ttl, _, why := h.decide(req, e, cw.header)
+	if ttl <= 0 {
+		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", why)
+	}
+	if e.header.Get("Etag") == "" {
+		e.header.Set("Etag", etagOf(e.body))
+	}
+	herd.SetExpiry(ctx, ttl, h.cfg.StaleFor)
+	return e.encode(), nil
 }
 
 func (h *handler) log(level slog.Level, msg string, args ...any) {
