@@ -1,0 +1,314 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// redisSpec tells a worker which Redis to use.
+type redisSpec struct {
+	Kind  string   `json:"kind"` // "embedded", "redis" or "cluster"
+	Addrs []string `json:"addrs"`
+}
+
+// newClient returns the go-redis client every strategy of a phase uses,
+// configured the same way for all of them.
+func newClient(spec redisSpec) redis.UniversalClient {
+	if spec.Kind == "cluster" {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:        spec.Addrs,
+			ReadTimeout:  time.Second,
+			WriteTimeout: time.Second,
+		})
+	}
+	return redis.NewClient(&redis.Options{
+		Addr:         spec.Addrs[0],
+		ReadTimeout:  time.Second,
+		WriteTimeout: time.Second,
+	})
+}
+
+// counter is a go-redis hook that counts the commands a process sends
+// (each command of a pipeline counts once) and those that failed with
+// anything but redis.Nil. Pub/sub frames (SUBSCRIBE, UNSUBSCRIBE) do not
+// go through hooks; the server-side count includes them. A new
+// connection's handshake (HELLO, CLIENT ...) is not counted: go-redis
+// 9.23 also sends CLIENT MAINT_NOTIFICATIONS, which Redis 7 and miniredis
+// reject and go-redis ignores.
+type counter struct {
+	cmds, errs atomic.Int64
+	canceled   atomic.Int64
+	mu         sync.Mutex
+	byErr      map[string]int64 // error text -> count (at most maxErrKinds texts)
+}
+
+const maxErrKinds = 8
+
+func (c *counter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *counter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if handshake(cmd) {
+			return next(ctx, cmd)
+		}
+		c.cmds.Add(1)
+		err := next(ctx, cmd)
+		c.failed(err)
+		return err
+	}
+}
+
+func (c *counter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if !handshake(cmd) {
+				c.cmds.Add(1)
+				c.failed(cmd.Err())
+			}
+		}
+		return err
+	}
+}
+
+func handshake(cmd redis.Cmder) bool {
+	switch strings.ToLower(cmd.Name()) {
+	case "hello", "client":
+		return true
+	}
+	return false
+}
+
+func (c *counter) failed(err error) {
+	if err == nil || errors.Is(err, redis.Nil) || strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		return // a miss, or EVALSHA's expected first miss (go-redis then sends EVAL)
+	}
+	if errors.Is(err, context.Canceled) {
+		// Cancelled by the process itself (for example herd stopping a
+		// lease's renewal when the rebuild ends): not a Redis failure.
+		c.canceled.Add(1)
+		return
+	}
+	c.errs.Add(1)
+	msg := err.Error()
+	if len(msg) > 120 {
+		msg = msg[:120]
+	}
+	c.mu.Lock()
+	if c.byErr == nil {
+		c.byErr = map[string]int64{}
+	}
+	if _, ok := c.byErr[msg]; ok || len(c.byErr) < maxErrKinds {
+		c.byErr[msg]++
+	}
+	c.mu.Unlock()
+}
+
+// errors returns the counts per error text.
+func (c *counter) errorKinds() map[string]int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]int64, len(c.byErr))
+	for k, v := range c.byErr {
+		out[k] = v
+	}
+	return out
+}
+
+// redisEnv is the parent's handle on the Redis under test.
+type redisEnv struct {
+	spec  redisSpec
+	admin redis.UniversalClient
+	mini  *miniredis.Miniredis
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// startRedis starts the embedded Redis or connects to the given one.
+func startRedis(ctx context.Context, cfg *config) (*redisEnv, error) {
+	e := &redisEnv{}
+	switch {
+	case len(cfg.ClusterAddrs) > 0:
+		e.spec = redisSpec{Kind: "cluster", Addrs: cfg.ClusterAddrs}
+	case cfg.RedisAddr != "":
+		e.spec = redisSpec{Kind: "redis", Addrs: []string{cfg.RedisAddr}}
+	default:
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			return nil, fmt.Errorf("embedded redis: %w", err)
+		}
+		e.mini = m
+		e.spec = redisSpec{Kind: "embedded", Addrs: []string{m.Addr()}}
+		// miniredis only expires keys when told the time has moved on.
+		e.stop, e.done = make(chan struct{}), make(chan struct{})
+		go e.clock()
+	}
+	e.admin = newClient(e.spec)
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := e.admin.Ping(pctx).Err(); err != nil {
+		e.close()
+		return nil, fmt.Errorf("redis %v: %w", e.spec.Addrs, err)
+	}
+	return e, nil
+}
+
+// clock moves the embedded Redis's TTLs along with real time.
+func (e *redisEnv) clock() {
+	defer close(e.done)
+	t := time.NewTicker(2 * time.Millisecond)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-e.stop:
+			return
+		case now := <-t.C:
+			e.mini.FastForward(now.Sub(last))
+			last = now
+		}
+	}
+}
+
+func (e *redisEnv) close() {
+	if e.admin != nil {
+		_ = e.admin.Close()
+	}
+	if e.mini != nil {
+		close(e.stop)
+		<-e.done
+		e.mini.Close()
+	}
+}
+
+// describe names the Redis for the reports.
+func (e *redisEnv) describe(ctx context.Context) string {
+	if e.mini != nil {
+		return "embedded miniredis (loopback)"
+	}
+	v := ""
+	if info, err := e.admin.Info(ctx, "server").Result(); err == nil {
+		v = " " + infoField(info, "redis_version")
+	}
+	if e.spec.Kind == "cluster" {
+		return fmt.Sprintf("redis cluster%s at %s", v, strings.Join(e.spec.Addrs, ","))
+	}
+	return fmt.Sprintf("redis-server%s at %s", v, e.spec.Addrs[0])
+}
+
+// serverCommands returns the number of commands the server (every master
+// of a cluster) has processed so far, or -1 when unknown.
+func (e *redisEnv) serverCommands(ctx context.Context) int64 {
+	if e.mini != nil {
+		return int64(e.mini.CommandCount())
+	}
+	read := func(c *redis.Client) (int64, error) {
+		info, err := c.Info(ctx, "stats").Result()
+		if err != nil {
+			return 0, err
+		}
+		return strconv.ParseInt(infoField(info, "total_commands_processed"), 10, 64)
+	}
+	switch c := e.admin.(type) {
+	case *redis.Client:
+		n, err := read(c)
+		if err != nil {
+			return -1
+		}
+		return n
+	case *redis.ClusterClient:
+		var total atomic.Int64
+		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			n, err := read(m)
+			total.Add(n)
+			return err
+		})
+		if err != nil {
+			return -1
+		}
+		return total.Load()
+	}
+	return -1
+}
+
+func infoField(info, name string) string {
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// cleanup deletes a phase's keys: everything in the embedded Redis, and
+// only the keys under the phase's prefix in a server of the user's.
+func (e *redisEnv) cleanup(ctx context.Context, prefix string) error {
+	if e.mini != nil {
+		e.mini.FlushAll()
+		return nil
+	}
+	del := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		var batch []string
+		for iter.Next(ctx) {
+			batch = append(batch, iter.Val())
+			if len(batch) == 500 {
+				if err := c.Unlink(ctx, batch...).Err(); err != nil {
+					return err
+				}
+				batch = batch[:0]
+			}
+		}
+		if err := iter.Err(); err != nil {
+			return err
+		}
+		if len(batch) > 0 {
+			return c.Unlink(ctx, batch...).Err()
+		}
+		return nil
+	}
+	switch c := e.admin.(type) {
+	case *redis.Client:
+		return del(ctx, c)
+	case *redis.ClusterClient:
+		// Keys of one UNLINK may live in different slots: delete one by one.
+		return c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			iter := m.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+			for iter.Next(ctx) {
+				if err := m.Unlink(ctx, iter.Val()).Err(); err != nil {
+					return err
+				}
+			}
+			return iter.Err()
+		})
+	}
+	return nil
+}
+
+// isLoopback reports whether every address is on the loopback interface.
+func isLoopback(addrs []string) bool {
+	for _, a := range addrs {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			return false
+		}
+		if host == "localhost" {
+			continue
+		}
+		ip := net.ParseIP(host)
+		if ip == nil || !ip.IsLoopback() {
+			return false
+		}
+	}
+	return true
+}
