@@ -87,6 +87,7 @@ type PanicError struct {
 	Stack []byte // the loader goroutine's stack at the panic
 }
 
+// Error returns the panic value and the stack.
 func (p *PanicError) Error() string {
 	return fmt.Sprintf("herd: loader panicked: %v\n\n%s", p.Value, p.Stack)
 }

@@ -62,14 +62,15 @@ type Observer struct {
 type LeaseEvent uint8
 
 const (
-	LeaseAcquired LeaseEvent = iota
-	LeaseContended
-	LeaseTakenOver
-	LeaseLost
-	LeaseExtended
-	LeaseExtendFailed
+	LeaseAcquired     LeaseEvent = iota // a lease was won
+	LeaseContended                      // a call found the lease held and waits
+	LeaseTakenOver                      // a waiting follower won the lease
+	LeaseLost                           // a held lease is known lost
+	LeaseExtended                       // a renewal succeeded
+	LeaseExtendFailed                   // a renewal failed (Redis error, or the lease is gone)
 )
 
+// String returns the event's metric label, such as "taken_over".
 func (e LeaseEvent) String() string {
 	return [...]string{"acquired", "contended", "taken_over", "lost", "extended", "extend_failed"}[e]
 }
@@ -85,6 +86,7 @@ const (
 	WaitCancelled                // the caller left, or the Cache closed
 )
 
+// String returns the wait end's metric label, such as "notified".
 func (e WaitEnd) String() string {
 	return [...]string{"notified", "polled", "takeover", "timeout", "cancelled"}[e]
 }
@@ -94,11 +96,12 @@ func (e WaitEnd) String() string {
 type CommitResult uint8
 
 const (
-	CommitStored CommitResult = iota
-	CommitFenced
-	CommitError
+	CommitStored CommitResult = iota // the value was written
+	CommitFenced                     // not written: a newer lease, Set or Invalidate came first
+	CommitError                      // not written: Redis failed
 )
 
+// String returns the result's metric label, such as "fenced".
 func (r CommitResult) String() string { return [...]string{"stored", "fenced", "error"}[r] }
 
 // RefreshEvent is a background refresh event, reported to
@@ -106,12 +109,13 @@ func (r CommitResult) String() string { return [...]string{"stored", "fenced", "
 type RefreshEvent uint8
 
 const (
-	RefreshStarted RefreshEvent = iota
-	RefreshDropped
-	RefreshFailed
-	RefreshSkipped
+	RefreshStarted RefreshEvent = iota // this process won the lease and refreshes
+	RefreshDropped                     // the pool of MaxRefreshes was full
+	RefreshFailed                      // the loader failed; the stale value stays (stale-if-error)
+	RefreshSkipped                     // refreshed elsewhere already, or refreshes back off
 )
 
+// String returns the event's metric label, such as "dropped".
 func (e RefreshEvent) String() string {
 	return [...]string{"started", "dropped", "failed", "skipped"}[e]
 }

@@ -32,6 +32,7 @@ const (
 
 var outcomeNames = [...]string{"unknown", "hit", "stale", "early-refresh", "negative", "leader", "follower", "fallback"}
 
+// String returns the outcome's name, such as "early-refresh".
 func (o Outcome) String() string {
 	if int(o) < len(outcomeNames) {
 		return outcomeNames[o]
