@@ -3,6 +3,7 @@ package herd
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -330,5 +331,66 @@ func TestCacheRedisRestartMidRebuild(t *testing.T) {
 	}
 	if s := a.Stats(); s.Fenced+s.CommitErrors != 1 {
 		t.Errorf("A's commit: Stats = %+v, want it fenced", s)
+	}
+}
+
+// noPubSub is a client whose pub/sub never connects: followers on it
+// wait by polling.
+type noPubSub struct {
+	*redis.Client
+	dead *redis.Client
+}
+
+func (n noPubSub) Subscribe(ctx context.Context, channels ...string) *redis.PubSub {
+	return n.dead.Subscribe(ctx, channels...)
+}
+
+// A follower that cannot hear the failure message (no pub/sub) still
+// learns that the leader it waited for failed, from the failure marker,
+// instead of taking the lease over and calling the failing source again.
+func TestCacheFollowerWithoutPubSubLearnsFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	const lease = 2 * time.Second
+	opt := &Options{MinLease: lease, MaxLease: lease, DefaultLease: lease, WaitTimeout: 5 * lease,
+		PollMin: 20 * time.Millisecond, PollMax: 50 * time.Millisecond}
+	leader := newTestCache(t, srv.Client(t), opt)
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 50 * time.Millisecond})
+	t.Cleanup(func() { dead.Close() })
+	follower := newTestCache(t, noPubSub{Client: srv.Client(t), dead: dead}, opt)
+	ctx := context.Background()
+	var calls atomic.Int64
+	gate, entered := make(chan struct{}), make(chan struct{}, 1)
+	failing := func(context.Context) ([]byte, error) {
+		calls.Add(1)
+		entered <- struct{}{}
+		<-gate
+		return nil, errors.New("origin down")
+	}
+	go leader.Get(ctx, "k", time.Minute, failing)
+	<-entered
+	res := make(chan error, 1)
+	go func() {
+		_, err := follower.Get(ctx, "k", time.Minute, failing)
+		res <- err
+	}()
+	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return follower.Stats().Follows == 1 })
+	start := time.Now()
+	close(gate)
+	select {
+	case err := <-res:
+		if !errors.Is(err, ErrLoadFailed) || !strings.Contains(err.Error(), "origin down") {
+			t.Errorf("follower: got %v, want ErrLoadFailed with the leader's error", err)
+		}
+		if d := time.Since(start); d > lease/2 {
+			t.Errorf("the follower learned of the failure after %v, want well within the %v lease", d, lease)
+		}
+	case <-time.After(5 * lease):
+		t.Fatal("the follower did not return")
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("source calls = %d, want 1 (the follower must not take over and call the failing source)", n)
+	}
+	if s := follower.Stats(); s.Notified != 0 || s.Polled == 0 {
+		t.Errorf("follower Stats = %+v, want it to have waited by polling only", s)
 	}
 }

@@ -193,8 +193,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 			fl.unregister()
 			if fl.lease != nil {
 				fl.lease.finish()
-				msg := string([]byte{msgFailed, failNotShared}) + err.Error()
-				fl.c.releaseDetached(fl.f, fl.lease, msg, 0)
+				fl.c.releaseDetached(fl.f, fl.lease, failMessage(failNotShared, fl.lease, err.Error()), 0)
 			}
 			now := fl.c.now()
 			fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: now, Expires: now.Add(ttl)}, nil)
@@ -252,11 +251,7 @@ func (fl *Fill) Abort(cause error) {
 			c.releaseDetached(fl.f, fl.lease, msgReleased, 0)
 		} else if fl.lease != nil {
 			fl.lease.finish()
-			text := err.Error()
-			if len(text) > maxFailText {
-				text = text[:maxFailText]
-			}
-			c.releaseDetached(fl.f, fl.lease, string([]byte{msgFailed, kind})+text, 0)
+			c.releaseDetached(fl.f, fl.lease, failMessage(kind, fl.lease, err.Error()), 0)
 		}
 		fl.resolve(nil, err)
 	})

@@ -23,6 +23,7 @@ type keyFamily struct {
 	fence   string // P:{T}:f  hash: n = fence counter, r = last released lease
 	record  string // P:{T}:r  FencedStore record: t = highest token, v = value
 	backoff string // P:{T}:b  refresh backoff marker after failed refreshes
+	failed  string // P:{T}:x  failure marker: "<fence>|<message>" of a failed load, short-lived
 	channel string // P:{T}:n  pub/sub channel for wake-ups
 }
 
@@ -51,6 +52,7 @@ func makeKeys(prefix, key string) (keyFamily, error) {
 		fence:   base + "f",
 		record:  base + "r",
 		backoff: base + "b",
+		failed:  base + "x",
 		channel: base + "n",
 	}, nil
 }

@@ -220,8 +220,8 @@ func TestModelScriptConformance(t *testing.T) {
 	want := []string{
 		"acquire: [1 num]",
 		"acquire retried: [1 num]",
-		"acquire by another: [0 int]",
-		"acquire miss mode, lease held, no value: [0 int]",
+		"acquire by another: [0 int num]",
+		"acquire miss mode, lease held, no value: [0 int num]",
 		"extend own: 1",
 		"extend foreign: 0",
 		"commit: 1",
@@ -236,6 +236,9 @@ func TestModelScriptConformance(t *testing.T) {
 		"acquire after invalidate: [1 num]",
 		"release: 1",
 		"release retried: 1",
+		"acquire, then a failed load's release: 1",
+		"acquire miss mode, the awaited leader failed: [4 str]",
+		"acquire miss mode, another leader's failure: [1 num]",
 		"fenced set: [1 num]",
 		"fenced set lower: [0 num]",
 		"get missing: redis.Nil",
@@ -272,7 +275,7 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	acq := func(owner string, extra ...any) []string {
 		names := []string{k.lease, k.fence}
 		if len(extra) > 0 {
-			names = append(names, k.value, k.backoff)
+			names = append(names, k.value, k.backoff, k.failed)
 		}
 		return names
 	}
@@ -281,7 +284,7 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	value := own + ":" + token
 	run("acquire retried", acquireScript, acq(own), own, 5000, 60000)
 	run("acquire by another", acquireScript, acq(other), other, 5000, 60000)
-	run("acquire miss mode, lease held, no value", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "")
+	run("acquire miss mode, lease held, no value", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", "")
 	run("extend own", extendScript, []string{k.lease, k.fence}, value, 5000, 60000)
 	run("extend foreign", extendScript, []string{k.lease, k.fence}, other+":1", 5000, 60000)
 	now := time.Now()
@@ -291,7 +294,7 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	}
 	commit("commit", token)
 	commit("commit retried", token)
-	run("acquire miss mode, value present", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "")
+	run("acquire miss mode, value present", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", "")
 	rel := func(what, v string) {
 		run(what, releaseScript, []string{k.lease, k.fence}, v, "PUBLISH", k.channel, msgReleased)
 	}
@@ -299,12 +302,22 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	rel("release foreign", other+":"+token)
 	run("set", setScript, []string{k.value, k.fence}, env, 60000, 60000, "PUBLISH", k.channel, 1<<14)
 	commit("commit with an old token", token)
-	run("acquire refresh mode, envelope changed", acquireScript, acq(other, 1), other, 5000, 60000, modeRefresh, string(env[2:10]))
+	run("acquire refresh mode, envelope changed", acquireScript, acq(other, 1), other, 5000, 60000, modeRefresh, string(env[2:10]), "")
 	run("invalidate", invalidateScript, []string{k.value, k.fence}, 60000)
 	r = run("acquire after invalidate", acquireScript, acq(other), other, 5000, 60000)
 	value2 := other + ":" + fmt.Sprint(r.([]any)[1])
 	rel("release", value2)
 	rel("release retried", value2)
+	rdb.Del(ctx, k.value)
+	third := newOwner()
+	r = run("acquire, then a failed load's release", acquireScript, acq(third), third, 5000, 60000)
+	token3 := fmt.Sprint(r.([]any)[1])
+	releaseScript.Run(ctx, rdb, []string{k.lease, k.fence, k.backoff, k.failed},
+		third+":"+token3, "PUBLISH", k.channel, "Fe"+token3+"|boom", 0, 0, 5000)
+	out[len(out)-1] = "acquire, then a failed load's release: " + shape(rdb.Exists(ctx, k.failed).Val(), nil)
+	run("acquire miss mode, the awaited leader failed", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", token3)
+	run("acquire miss mode, another leader's failure", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", "12345")
+	rdb.Del(ctx, k.lease)
 	run("fenced set", fencedSetScript, []string{k.record}, "100", "a", 0)
 	run("fenced set lower", fencedSetScript, []string{k.record}, "99", "b", 0)
 	_, err := rdb.Get(ctx, k.lease).Result()
@@ -321,7 +334,7 @@ func mustUint(t *testing.T, s string) uint64 {
 	return n
 }
 
-// shape abstracts a script result: status codes 0-3 are kept, other
+// shape abstracts a script result: status codes 0-4 are kept, other
 // integers are "int", decimal strings "num", other strings "str".
 func shape(v any, err error) string {
 	switch {
@@ -334,7 +347,7 @@ func shape(v any, err error) string {
 	case nil:
 		return "nil"
 	case int64:
-		if x >= 0 && x <= 3 {
+		if x >= 0 && x <= 4 {
 			return strconv.FormatInt(x, 10)
 		}
 		return "int"

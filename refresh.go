@@ -125,7 +125,7 @@ func (c *Cache) refresh(f *flight, seenFence []byte) {
 	if !c.brk.allow() {
 		return
 	}
-	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence)
+	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence, "")
 	if err != nil {
 		if !errors.Is(err, ErrLeaseHeld) {
 			c.redisFailed(err)

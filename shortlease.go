@@ -170,7 +170,7 @@ func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
 // try runs the ACQUIRE script once. On ErrLeaseHeld it also returns the
 // holder's remaining time (0 when unknown).
 func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*Lease, time.Duration, error) {
-	r, err := l.attempt(ctx, key, keys, ttl, "", nil)
+	r, err := l.attempt(ctx, key, keys, ttl, "", nil, "")
 	return r.lease, r.pttl, err
 }
 
@@ -184,8 +184,10 @@ const (
 type attempted struct {
 	lease   *Lease        // acquired
 	pttl    time.Duration // the holder's remaining lease, or the backoff left
+	holder  string        // the holder's fence, when held
 	value   []byte        // a value landed since the caller looked (no lease)
 	backoff bool          // refreshes are backing off (no lease)
+	failure string        // modeMiss: the awaited leader's failure message (no lease)
 }
 
 // attempt runs ACQUIRE once. The Cache's modes close the race in which a
@@ -194,14 +196,14 @@ type attempted struct {
 // does not acquire when the value is no longer the envelope whose fence
 // bytes are seen, or while failed refreshes back off. Neither is an
 // error; ErrLeaseHeld is.
-func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte) (attempted, error) {
+func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited string) (attempted, error) {
 	owner := newOwner()
 	start := time.Now()
 	names := []string{keys.lease, keys.fence}
 	args := []any{owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()}
 	if mode != "" {
-		names = append(names, keys.value, keys.backoff)
-		args = append(args, mode, seen)
+		names = append(names, keys.value, keys.backoff, keys.failed)
+		args = append(args, mode, seen, awaited)
 	}
 	res, err := acquireScript.Run(ctx, l.rdb, names, args...).Slice()
 	if err != nil {
@@ -214,11 +216,16 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 	switch ok {
 	case 2:
 		return attempted{value: []byte(val)}, nil
+	case 4:
+		return attempted{failure: val}, nil
 	case 0, 3:
 		pttl, _ := strconv.ParseInt(val, 10, 64)
 		r := attempted{pttl: max(time.Duration(pttl)*time.Millisecond, 0), backoff: ok == 3}
 		if r.backoff {
 			return r, nil
+		}
+		if len(res) > 2 {
+			r.holder, _ = res[2].(string)
 		}
 		return r, fmt.Errorf("%w: %q", ErrLeaseHeld, key)
 	}
@@ -461,19 +468,20 @@ func (l *Lease) Release(ctx context.Context) error {
 // when the lease was still ours. It reports 1 when released (now or by an
 // earlier try of the same call) and 0 when the lease was not ours.
 func (l *Lease) releaseWith(ctx context.Context, msg string) (int, error) {
-	return l.releaseBackoff(ctx, msg, 0, 0)
+	return l.releaseFailed(ctx, msg, 0, 0, 0)
 }
 
-// releaseBackoff is releaseWith that, when base > 0 and the lease was
-// ours, also starts or lengthens the key's refresh backoff: base doubled
-// per consecutive failure, at most cap.
-func (l *Lease) releaseBackoff(ctx context.Context, msg string, base, cap time.Duration) (int, error) {
+// releaseFailed is releaseWith for a load that failed: when the lease was
+// ours it also, with base > 0, starts or lengthens the key's refresh
+// backoff (base doubled per consecutive failure, at most cap), and, with
+// marker > 0, leaves msg as the key's failure marker for that long.
+func (l *Lease) releaseFailed(ctx context.Context, msg string, base, cap, marker time.Duration) (int, error) {
 	n := l.locker.notify
 	names := []string{l.keys.lease, l.keys.fence}
 	args := []any{l.value, n.publishCmd(ctx), l.keys.channel, msg}
-	if base > 0 {
-		names = append(names, l.keys.backoff)
-		args = append(args, base.Milliseconds(), cap.Milliseconds())
+	if base > 0 || marker > 0 {
+		names = append(names, l.keys.backoff, l.keys.failed)
+		args = append(args, base.Milliseconds(), cap.Milliseconds(), marker.Milliseconds())
 	}
 	return releaseScript.Run(ctx, l.locker.rdb, names, args...).Int()
 }
@@ -522,9 +530,9 @@ func drift(ttl time.Duration) time.Duration {
 	return ttl/100 + 2*time.Millisecond
 }
 
-// parsePair reads a script's {status, value} reply.
+// parsePair reads a script's {status, value, ...} reply.
 func parsePair(res []any) (int64, string, error) {
-	if len(res) != 2 {
+	if len(res) < 2 {
 		return 0, "", fmt.Errorf("unexpected script reply %v", res)
 	}
 	ok, isInt := res[0].(int64)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -36,6 +37,12 @@ type flight struct {
 	caller   context.Context
 	claim    *Lease
 	unleased bool
+
+	// awaited is the fence of the leader a follower waits for (from the
+	// held ACQUIRE reply): its failure, by message or by the failure marker
+	// a follower finds when it looks, ends the wait; failures of other
+	// leaders do not.
+	awaited string
 }
 
 // flightResult is what a flight hands to singleflight, with or without an
@@ -97,7 +104,18 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 // ErrLeaseHeld pttl is the holder's remaining time.
 func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bool, pttl time.Duration) {
 	ttl := c.leaseFor(f.key)
-	r, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil)
+	r, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, f.awaited)
+	if r.failure != "" {
+		// The leader this follower waited for failed, and the message
+		// did not reach it: the failure marker tells.
+		if v, ferr, done := c.onNotice(f, notice{payload: r.failure}); done {
+			return nil, v, ferr, true, 0
+		}
+		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, "")
+	}
+	if r.holder != "" {
+		f.awaited = r.holder
+	}
 	if err == nil && r.lease == nil {
 		if env, ok := decodeEnvelope(r.value); ok {
 			if v, err, done := c.served(f, env); done {
@@ -229,11 +247,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 		c.stats.loadErrors.Add(1)
 		err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
 	}
-	text := err.Error()
-	if len(text) > maxFailText {
-		text = text[:maxFailText]
-	}
-	msg := string([]byte{msgFailed, kind}) + text
+	msg := failMessage(kind, lease, err.Error())
 	if refresh {
 		// Stale-if-error: the stale value stays servable until its hard
 		// TTL; refreshes back off cluster-wide so the failing source is
@@ -257,7 +271,13 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff time.Duration) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), time.Second)
 	defer cancel()
-	if _, err := lease.releaseBackoff(ctx, msg, backoff, c.cfg.RefreshBackoffMax); err != nil {
+	var marker time.Duration
+	if msg != "" && msg[0] == msgFailed {
+		// Long enough for a follower that missed the message to look
+		// again: its next poll, or its subscription's confirmation.
+		marker = max(lease.ttl, 2*c.cfg.PollMax)
+	}
+	if _, err := lease.releaseFailed(ctx, msg, backoff, c.cfg.RefreshBackoffMax, marker); err != nil {
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: could not release the lease after a load without value; followers wait for it to expire", "key", f.key, "err", err)
 	}
@@ -406,13 +426,9 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 		}
 		return env.payload, nil, true
 	case msgFailed:
-		kind := byte(failError)
-		if len(nt.payload) >= 2 {
-			kind = nt.payload[1]
-		}
-		text := ""
-		if len(nt.payload) > 2 {
-			text = nt.payload[2:]
+		kind, fence, text := parseFailMessage(nt.payload)
+		if f.awaited != "" && fence != "" && fence != f.awaited {
+			return nil, nil, false // another leader's failure: look again
 		}
 		switch kind {
 		case failNotFound:
@@ -642,4 +658,30 @@ func (c *Cache) redisAnswered() {
 		c.sig.circuit(false)
 		c.log(slog.LevelInfo, "herd: circuit breaker closed: Redis answers again")
 	}
+}
+
+// failMessage is the wake-up message of a failed load: the kind, the
+// failed lease's fence (so followers of another leader ignore it) and the
+// error text.
+func failMessage(kind byte, lease *Lease, text string) string {
+	if len(text) > maxFailText {
+		text = text[:maxFailText]
+	}
+	return string([]byte{msgFailed, kind}) + strconv.FormatUint(lease.token, 10) + "|" + text
+}
+
+// parseFailMessage splits a failure message into its parts.
+func parseFailMessage(msg string) (kind byte, fence, text string) {
+	kind = failError
+	if len(msg) >= 2 {
+		kind = msg[1]
+	}
+	if len(msg) > 2 {
+		rest := msg[2:]
+		if i := strings.IndexByte(rest, '|'); i >= 0 {
+			return kind, rest[:i], rest[i+1:]
+		}
+		return kind, "", rest
+	}
+	return kind, "", ""
 }

@@ -1,15 +1,17 @@
 -- ACQUIRE: take the lease if it is free and issue a fencing token.
--- KEYS[1] lease, KEYS[2] fence hash; for the Cache also KEYS[3] value and
--- KEYS[4] refresh backoff marker
+-- KEYS[1] lease, KEYS[2] fence hash; for the Cache also KEYS[3] value,
+-- KEYS[4] refresh backoff marker and KEYS[5] failure marker
 -- ARGV[1] owner (random, 32 hex), ARGV[2] lease ms, ARGV[3] fence ttl ms,
 -- ARGV[4] mode: absent (a plain lease), 'miss' or 'refresh',
--- ARGV[5] (refresh) the fence bytes of the envelope the caller saw
+-- ARGV[5] (refresh) the fence bytes of the envelope the caller saw,
+-- ARGV[6] (miss) the fence of the leader the caller waits for, or ''
 -- Returns:
---   {1, fence}  this owner holds the lease (fence: a decimal string)
---   {2, value}  nothing to rebuild: a value landed since the caller looked
---               (miss: any value; refresh: a different envelope)
---   {3, pttl}   refresh: failed refreshes are backing off for pttl ms
---   {0, pttl}   another owner holds the lease for pttl ms
+--   {1, fence}        this owner holds the lease (fence: a decimal string)
+--   {2, value}        nothing to rebuild: a value landed since the caller
+--                     looked (miss: any value; refresh: a different envelope)
+--   {3, pttl}         refresh: failed refreshes are backing off for pttl ms
+--   {4, message}      miss: the awaited leader failed (its failure message)
+--   {0, pttl, fence}  another owner holds the lease for pttl ms
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local mine = ARGV[1] .. ':'
@@ -30,8 +32,21 @@ end
 if mode == 'refresh' and redis.call('EXISTS', KEYS[4]) == 1 then
   return {3, redis.call('PTTL', KEYS[4])}
 end
+local holder = ''
 if cur then
-  return {0, redis.call('PTTL', KEYS[1])}
+  holder = string.sub(cur, (string.find(cur, ':', 1, true) or #cur) + 1)
+end
+local awaited = ARGV[6] or ''
+if mode == 'miss' and awaited ~= '' and holder ~= awaited and KEYS[5] then
+  -- The leader this caller waits for is gone: did it fail? (A follower
+  -- whose subscription missed the failure message learns it here.)
+  local x = redis.call('GET', KEYS[5])
+  if x and string.sub(x, 1, #awaited + 1) == awaited .. '|' then
+    return {4, string.sub(x, #awaited + 2)}
+  end
+end
+if cur then
+  return {0, redis.call('PTTL', KEYS[1]), holder}
 end
 if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
   -- Seed a new counter with the server's clock in microseconds, so a counter
