@@ -53,7 +53,9 @@
 //  4. A loader's error or panic reaches every waiter, in every process, as
 //     an error wrapping [ErrLoadFailed] (a panic as a [*PanicError] with
 //     its stack), releases the lease at once and wakes the other processes
-//     at once. Errors are not cached. [ErrNotFound] is cached as a negative
+//     at once: by the wake-up message, or, for a follower that missed it
+//     (pub/sub down), by a short-lived failure marker it finds when it
+//     looks. Errors are not cached. [ErrNotFound] is cached as a negative
 //     entry for [Options.NegativeTTL].
 //  5. Redis down is not an outage: the Cache fails open to local
 //     coalescing, loading with at most [Options.MaxLocalLoads] loaders at
@@ -76,6 +78,14 @@
 //     it, and the scripts recognise their own earlier run.
 //   - A loader ignores its context: it is abandoned at its timeout (its
 //     goroutine ends when it returns) and the lease is released.
+//   - A slow Redis: WaitTimeout bounds the wait between looks, not each
+//     Redis call a follower makes; with every reply slowed (but under the
+//     client's ReadTimeout) a wait lasts several round trips longer. Pass
+//     a context deadline for a hard bound: every call honours it at once.
+//   - A lost ACQUIRE reply with go-redis retries turned off: the caller
+//     fails open, and the lease it cannot know it holds blocks the key for
+//     other processes for one lease. With retries (the default) the
+//     retried ACQUIRE is recognised as the caller's own.
 //   - Clocks: freshness is judged from the writer's clock; keep hosts in
 //     NTP sync. Leases use Redis-side expiry and monotonic local time.
 //
