@@ -1,7 +1,7 @@
 package herd
 
 // Cross-process tests of the Cache. Every test re-runs the test binary as
-// several worker processes (see cpSpawn) that share a real redis-server or
+// several worker processes (see startWorkers) that share a real redis-server or
 // a real 3-master Redis Cluster. Loader calls are counted in a shared
 // place (a Redis INCR on a bookkeeping key, or per-process result files
 // when Redis itself is killed), the goroutines of all processes start each
@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -39,14 +38,13 @@ import (
 
 // Environment of a cache worker process.
 const (
-	cpEnvMode   = "HERD_CP_MODE"       // "redis" or "cluster"
-	cpEnvAddrs  = "HERD_CP_ADDRS"      // comma-separated Redis addresses
-	cpEnvPrefix = "HERD_CP_PREFIX"     // prefix of the bookkeeping keys and user keys
-	cpEnvProcs  = "HERD_CP_PROCS"      // number of worker processes
-	cpEnvG      = "HERD_CP_G"          // goroutines per process
-	cpEnvWaves  = "HERD_CP_WAVES"      // number of waves
-	cpEnvDir    = "HERD_CP_DIR"        // directory for result files (Redis-independent)
-	cpEnvInst   = "HERD_TEST_INSTANCE" // index of this worker, 0..procs-1
+	cpEnvMode   = "HERD_CP_MODE"   // "redis" or "cluster"
+	cpEnvAddrs  = "HERD_CP_ADDRS"  // comma-separated Redis addresses
+	cpEnvPrefix = "HERD_CP_PREFIX" // prefix of the bookkeeping keys and user keys
+	cpEnvProcs  = "HERD_CP_PROCS"  // number of worker processes
+	cpEnvG      = "HERD_CP_G"      // goroutines per process
+	cpEnvWaves  = "HERD_CP_WAVES"  // number of waves
+	cpEnvDir    = "HERD_CP_DIR"    // directory for result files (Redis-independent)
 )
 
 const (
@@ -67,96 +65,6 @@ func init() {
 
 // ---------------------------------------------------------------------------
 // Parent side: spawning and reaping worker processes.
-
-// cpProcs is a set of worker processes started by cpSpawn.
-type cpProcs struct {
-	t      *testing.T
-	cmds   []*exec.Cmd
-	outs   []*bytes.Buffer
-	waited bool
-}
-
-// cpSpawn re-runs the test binary n times in the given role with env. The
-// processes are killed (by pid) and reaped when the test ends if wait was
-// not called.
-func cpSpawn(t *testing.T, n int, role string, env ...string) *cpProcs {
-	t.Helper()
-	p := &cpProcs{t: t}
-	t.Cleanup(func() {
-		if p.waited {
-			return
-		}
-		for _, c := range p.cmds {
-			_ = c.Process.Kill()
-		}
-		for i, c := range p.cmds {
-			_ = c.Wait()
-			if t.Failed() {
-				t.Logf("worker %d (pid %d) output:\n%s", i, c.Process.Pid, p.outs[i])
-			}
-		}
-	})
-	for i := range n {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), env...)
-		cmd.Env = append(cmd.Env, workerEnv+"="+role, cpEnvInst+"="+strconv.Itoa(i))
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start worker %d: %v", i, err)
-		}
-		p.cmds, p.outs = append(p.cmds, cmd), append(p.outs, &out)
-	}
-	return p
-}
-
-// pids returns the process ids of the workers, by instance.
-func (p *cpProcs) pids() []int {
-	pids := make([]int, len(p.cmds))
-	for i, c := range p.cmds {
-		pids[i] = c.Process.Pid
-	}
-	return pids
-}
-
-// wait waits up to d for every worker to exit, kills those still running
-// after d, and reports every worker that did not exit with status 0,
-// with its output.
-func (p *cpProcs) wait(d time.Duration) {
-	p.t.Helper()
-	p.waited = true
-	type result struct {
-		i   int
-		err error
-	}
-	ch := make(chan result, len(p.cmds))
-	for i, c := range p.cmds {
-		go func() { ch <- result{i, c.Wait()} }()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	done := make([]bool, len(p.cmds))
-	errs := make([]error, len(p.cmds))
-	for remaining := len(p.cmds); remaining > 0; {
-		select {
-		case r := <-ch:
-			done[r.i], errs[r.i] = true, r.err
-			remaining--
-		case <-timer.C:
-			for i, c := range p.cmds {
-				if !done[i] {
-					p.t.Errorf("worker %d (pid %d) still running after %v: killing it", i, c.Process.Pid, d)
-					_ = c.Process.Kill()
-				}
-			}
-		}
-	}
-	for i, err := range errs {
-		if err != nil {
-			p.t.Errorf("worker %d (pid %d): %v\n%s", i, p.cmds[i].Process.Pid, err, p.outs[i])
-		}
-	}
-}
 
 // cpEnvFor returns the worker environment.
 func cpEnvFor(mode string, addrs []string, prefix, dir string, procs, g, waves int) []string {
@@ -287,7 +195,7 @@ func cpNewWorker() (*cpWorker, error) {
 	for _, v := range []struct {
 		name string
 		p    *int
-	}{{cpEnvInst, &w.inst}, {cpEnvProcs, &w.procs}, {cpEnvG, &w.g}, {cpEnvWaves, &w.waves}} {
+	}{{envInstance, &w.inst}, {cpEnvProcs, &w.procs}, {cpEnvG, &w.g}, {cpEnvWaves, &w.waves}} {
 		n, err := strconv.Atoi(os.Getenv(v.name))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", v.name, err)
@@ -530,7 +438,7 @@ func cpRunWaves(t *testing.T, mode string, addrs []string, rdb redis.UniversalCl
 	ctx := context.Background()
 	prefix := cpNewPrefix()
 	start := time.Now()
-	p := cpSpawn(t, procs, "cachewaves", cpEnvFor(mode, addrs, prefix, "", procs, g, waves)...)
+	p := startWorkers(t, procs, "cachewaves", cpEnvFor(mode, addrs, prefix, "", procs, g, waves)...)
 	p.wait(60 * time.Second)
 	elapsed := time.Since(start)
 	if t.Failed() {
@@ -716,7 +624,7 @@ func TestCacheLoaderErrorAcrossProcesses(t *testing.T) {
 	ctx := context.Background()
 	prefix := cpNewPrefix()
 	start := time.Now()
-	p := cpSpawn(t, procs, "cacheerrors", cpEnvFor("redis", []string{srv.Addr()}, prefix, "", procs, g, waves)...)
+	p := startWorkers(t, procs, "cacheerrors", cpEnvFor("redis", []string{srv.Addr()}, prefix, "", procs, g, waves)...)
 	p.wait(60 * time.Second)
 	elapsed := time.Since(start)
 	if t.Failed() {
@@ -855,9 +763,9 @@ func TestCacheLeaderStall(t *testing.T) {
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	prefix := cpNewPrefix()
-	p := cpSpawn(t, procs, "cachestall", cpEnvFor("redis", []string{srv.Addr()}, prefix, "", procs, g, 1)...)
+	p := startWorkers(t, procs, "cachestall", cpEnvFor("redis", []string{srv.Addr()}, prefix, "", procs, g, 1)...)
 	stoppedPid := 0
-	t.Cleanup(func() { // runs before cpSpawn's cleanup kills the workers
+	t.Cleanup(func() { // runs before startWorkers' cleanup kills the workers
 		if stoppedPid != 0 {
 			_ = syscall.Kill(stoppedPid, syscall.SIGCONT)
 		}
@@ -1080,7 +988,7 @@ func TestCacheRedisKilledDuringWave(t *testing.T) {
 	prefix := cpNewPrefix()
 	dir := t.TempDir()
 	start := time.Now()
-	p := cpSpawn(t, procs, "cachekill", cpEnvFor("redis", []string{srv.Addr()}, prefix, dir, procs, g, waves)...)
+	p := startWorkers(t, procs, "cachekill", cpEnvFor("redis", []string{srv.Addr()}, prefix, dir, procs, g, waves)...)
 
 	// Kill Redis once every caller has entered wave 1 and the leader's
 	// loader runs (it holds until the kill).

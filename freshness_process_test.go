@@ -14,7 +14,6 @@ package herd
 // never writes (herd's keys are "herd:{<hash>}:...").
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -22,7 +21,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -36,15 +34,14 @@ import (
 
 // Environment of a freshness worker process.
 const (
-	freshEnvAddr    = "HERD_FRESH_ADDR"     // redis-server address
-	freshEnvPrefix  = "HERD_FRESH_PREFIX"   // bookkeeping prefix; the user key is <prefix>:hot
-	freshEnvInst    = "HERD_FRESH_INSTANCE" // index of this worker, 0..procs-1
-	freshEnvG       = "HERD_FRESH_G"        // goroutines per process
-	freshEnvTTL     = "HERD_FRESH_TTL"      // the ttl passed to Get
-	freshEnvStale   = "HERD_FRESH_STALE"    // Options.StaleFor
-	freshEnvBackoff = "HERD_FRESH_BACKOFF"  // Options.RefreshBackoff and RefreshBackoffMax ("0": defaults)
-	freshEnvSleep   = "HERD_FRESH_SLEEP"    // how long the loader works before returning a value
-	freshEnvThink   = "HERD_FRESH_THINK"    // freshsteady: pause between a goroutine's Gets
+	freshEnvAddr    = "HERD_FRESH_ADDR"    // redis-server address
+	freshEnvPrefix  = "HERD_FRESH_PREFIX"  // bookkeeping prefix; the user key is <prefix>:hot
+	freshEnvG       = "HERD_FRESH_G"       // goroutines per process
+	freshEnvTTL     = "HERD_FRESH_TTL"     // the ttl passed to Get
+	freshEnvStale   = "HERD_FRESH_STALE"   // Options.StaleFor
+	freshEnvBackoff = "HERD_FRESH_BACKOFF" // Options.RefreshBackoff and RefreshBackoffMax ("0": defaults)
+	freshEnvSleep   = "HERD_FRESH_SLEEP"   // how long the loader works before returning a value
+	freshEnvThink   = "HERD_FRESH_THINK"   // freshsteady: pause between a goroutine's Gets
 )
 
 const (
@@ -63,85 +60,6 @@ func init() {
 
 // ---------------------------------------------------------------------------
 // Parent side.
-
-// freshProcs is a set of worker processes started by freshSpawn.
-type freshProcs struct {
-	t      *testing.T
-	cmds   []*exec.Cmd
-	outs   []*bytes.Buffer
-	waited bool
-}
-
-// freshSpawn re-runs the test binary n times in role with env. Workers
-// still running when the test ends (wait was not reached) are killed by
-// pid and reaped.
-func freshSpawn(t *testing.T, n int, role string, env ...string) *freshProcs {
-	t.Helper()
-	p := &freshProcs{t: t}
-	t.Cleanup(func() {
-		if p.waited {
-			return
-		}
-		for _, c := range p.cmds {
-			_ = c.Process.Kill()
-		}
-		for i, c := range p.cmds {
-			_ = c.Wait()
-			t.Logf("worker %d (pid %d) output:\n%s", i, c.Process.Pid, p.outs[i])
-		}
-	})
-	for i := range n {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), env...)
-		cmd.Env = append(cmd.Env, workerEnv+"="+role, freshEnvInst+"="+strconv.Itoa(i))
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start worker %d: %v", i, err)
-		}
-		p.cmds, p.outs = append(p.cmds, cmd), append(p.outs, &out)
-	}
-	return p
-}
-
-// wait waits up to d for every worker to exit, kills (by pid) those still
-// running after d, and reports every worker that did not exit with
-// status 0, with its output.
-func (p *freshProcs) wait(d time.Duration) {
-	p.t.Helper()
-	p.waited = true
-	type result struct {
-		i   int
-		err error
-	}
-	ch := make(chan result, len(p.cmds))
-	for i, c := range p.cmds {
-		go func() { ch <- result{i, c.Wait()} }()
-	}
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	done := make([]bool, len(p.cmds))
-	errs := make([]error, len(p.cmds))
-	for remaining := len(p.cmds); remaining > 0; {
-		select {
-		case r := <-ch:
-			done[r.i], errs[r.i] = true, r.err
-			remaining--
-		case <-timer.C:
-			for i, c := range p.cmds {
-				if !done[i] {
-					p.t.Errorf("worker %d (pid %d) still running after %v: killing it", i, c.Process.Pid, d)
-					_ = c.Process.Kill()
-				}
-			}
-		}
-	}
-	for i, err := range errs {
-		if err != nil {
-			p.t.Errorf("worker %d (pid %d): %v\n%s", i, p.cmds[i].Process.Pid, err, p.outs[i])
-		}
-	}
-}
 
 // freshSetup starts a redis-server, a fresh bookkeeping prefix and the
 // environment common to every worker.
@@ -230,7 +148,7 @@ func freshNewWorker() (*freshWorker, error) {
 	}
 	w.key = w.prefix + ":hot"
 	var err error
-	for name, p := range map[string]*int{freshEnvInst: &w.inst, freshEnvG: &w.g} {
+	for name, p := range map[string]*int{envInstance: &w.inst, freshEnvG: &w.g} {
 		if *p, err = strconv.Atoi(os.Getenv(name)); err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -425,7 +343,7 @@ func TestFreshnessSteadyLoadAcrossProcesses(t *testing.T) {
 	env = append(env, freshEnvG+"="+strconv.Itoa(g), freshEnvTTL+"="+ttl.String(),
 		freshEnvStale+"="+staleFor.String(), freshEnvBackoff+"=0s", freshEnvSleep+"="+work.String(),
 		freshEnvThink+"="+think.String())
-	p := freshSpawn(t, procs, "freshsteady", env...)
+	p := startWorkers(t, procs, "freshsteady", env...)
 	freshWaitReady(t, rdb, prefix, procs)
 
 	c := New(rdb, freshOptions(staleFor, 0))
@@ -643,7 +561,7 @@ func TestFreshnessRefreshFailureAcrossProcesses(t *testing.T) {
 	rdb, prefix, env := freshSetup(t)
 	env = append(env, freshEnvG+"="+strconv.Itoa(g), freshEnvTTL+"="+ttl.String(),
 		freshEnvStale+"="+staleFor.String(), freshEnvBackoff+"="+backoff.String(), freshEnvSleep+"=0s")
-	p := freshSpawn(t, procs, "freshfail", env...)
+	p := startWorkers(t, procs, "freshfail", env...)
 	freshWaitReady(t, rdb, prefix, procs)
 
 	c := New(rdb, freshOptions(staleFor, backoff))

@@ -15,7 +15,7 @@ import (
 )
 
 // workerEnv names the worker role when the test binary is re-run as a
-// separate instance process (see runWorkers).
+// separate instance process (see startWorkers).
 const workerEnv = "HERD_TEST_WORKER"
 
 func TestMain(m *testing.M) {

@@ -25,42 +25,100 @@ const (
 	envKey      = "HERD_TEST_KEY"      // user key
 	envDuration = "HERD_TEST_DURATION" // how long to run
 	envG        = "HERD_TEST_G"        // goroutines
+	envInstance = "HERD_TEST_INSTANCE" // index of this worker, 0..n-1 (set by startWorkers)
 )
 
 func init() {
 	workerRoles["mutex"] = mutexWorker
 }
 
-// startWorkers re-runs the test binary n times in the given role with env,
-// and returns a function that waits for all of them and reports failures.
-func startWorkers(t *testing.T, n int, role string, env ...string) (wait func()) {
+// workerProcs is a set of worker processes started by startWorkers.
+type workerProcs struct {
+	t      *testing.T
+	cmds   []*exec.Cmd
+	outs   []*bytes.Buffer
+	waited bool
+}
+
+// startWorkers re-runs the test binary n times in the given role with env;
+// worker i finds its index in envInstance. Workers still running when the
+// test ends (wait was not reached) are killed by pid and reaped, and their
+// output is logged if the test failed.
+func startWorkers(t *testing.T, n int, role string, env ...string) *workerProcs {
 	t.Helper()
-	var cmds []*exec.Cmd
-	var outs []*bytes.Buffer
-	for i := range n {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), append(env, workerEnv+"="+role, "HERD_TEST_INSTANCE="+strconv.Itoa(i))...)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start worker: %v", err)
-		}
-		cmds, outs = append(cmds, cmd), append(outs, &out)
-	}
+	p := &workerProcs{t: t}
 	t.Cleanup(func() {
-		for _, c := range cmds {
-			if c.ProcessState == nil {
-				_ = c.Process.Kill()
-				_ = c.Wait()
+		if p.waited {
+			return
+		}
+		for _, c := range p.cmds {
+			_ = c.Process.Kill()
+		}
+		for i, c := range p.cmds {
+			_ = c.Wait()
+			if t.Failed() {
+				t.Logf("worker %d (pid %d) output:\n%s", i, c.Process.Pid, p.outs[i])
 			}
 		}
 	})
-	return func() {
-		t.Helper()
-		for i, c := range cmds {
-			if err := c.Wait(); err != nil {
-				t.Errorf("worker %d: %v\n%s", i, err, outs[i])
+	for i := range n {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), env...)
+		cmd.Env = append(cmd.Env, workerEnv+"="+role, envInstance+"="+strconv.Itoa(i))
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("start worker %d: %v", i, err)
+		}
+		p.cmds, p.outs = append(p.cmds, cmd), append(p.outs, &out)
+	}
+	return p
+}
+
+// pids returns the process ids of the workers, by instance.
+func (p *workerProcs) pids() []int {
+	pids := make([]int, len(p.cmds))
+	for i, c := range p.cmds {
+		pids[i] = c.Process.Pid
+	}
+	return pids
+}
+
+// wait waits up to d for every worker to exit, kills (by pid) those still
+// running after d, and reports every worker that did not exit with
+// status 0, with its output.
+func (p *workerProcs) wait(d time.Duration) {
+	p.t.Helper()
+	p.waited = true
+	type result struct {
+		i   int
+		err error
+	}
+	ch := make(chan result, len(p.cmds))
+	for i, c := range p.cmds {
+		go func() { ch <- result{i, c.Wait()} }()
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	done := make([]bool, len(p.cmds))
+	errs := make([]error, len(p.cmds))
+	for remaining := len(p.cmds); remaining > 0; {
+		select {
+		case r := <-ch:
+			done[r.i], errs[r.i] = true, r.err
+			remaining--
+		case <-timer.C:
+			for i, c := range p.cmds {
+				if !done[i] {
+					p.t.Errorf("worker %d (pid %d) still running after %v: killing it", i, c.Process.Pid, d)
+					_ = c.Process.Kill()
+				}
 			}
+		}
+	}
+	for i, err := range errs {
+		if err != nil {
+			p.t.Errorf("worker %d (pid %d): %v\n%s", i, p.cmds[i].Process.Pid, err, p.outs[i])
 		}
 	}
 }
@@ -76,7 +134,7 @@ func TestLeaseMutualExclusionAcrossProcesses(t *testing.T) {
 	const procs, goroutines = 2, 50
 	key := "mutex-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 
-	wait := startWorkers(t, procs, "mutex",
+	p := startWorkers(t, procs, "mutex",
 		envAddr+"="+srv.Addr(), envKey+"="+key, envDuration+"=2s", envG+"="+strconv.Itoa(goroutines))
 	// Start every goroutine of every process at once.
 	waitFor(t, 30*time.Second, "workers to be ready", func() bool {
@@ -86,7 +144,7 @@ func TestLeaseMutualExclusionAcrossProcesses(t *testing.T) {
 	if err := rdb.Set(ctx, key+":go", "1", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	wait()
+	p.wait(2 * time.Minute)
 
 	if v, _ := rdb.Get(ctx, key+":violations").Int(); v != 0 {
 		t.Errorf("%d holders found another holder inside the critical section", v)

@@ -134,7 +134,7 @@ func TestSoak(t *testing.T) {
 	defer proxy.Close()
 	dir := t.TempDir()
 	prefix := "soak-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	p := cpSpawn(t, procs, "soak",
+	p := startWorkers(t, procs, "soak",
 		soakEnvProxy+"="+proxy.Addr(), soakEnvDirect+"="+srv.Addr(), soakEnvPrefix+"="+prefix, soakEnvDir+"="+dir,
 		soakEnvProcs+"="+strconv.Itoa(procs), soakEnvG+"="+strconv.Itoa(g), soakEnvDur+"="+dur.String())
 	waitFor(t, 60*time.Second, "the soak workers to be ready", func() bool {
@@ -351,7 +351,7 @@ func (l *soakLog) add(op string, k int, start, end time.Time, v int64, outcome, 
 func soakWorker(ctx context.Context, _ string) error {
 	procs, err1 := strconv.Atoi(os.Getenv(soakEnvProcs))
 	g, err2 := strconv.Atoi(os.Getenv(soakEnvG))
-	inst, err3 := strconv.Atoi(os.Getenv(cpEnvInst))
+	inst, err3 := strconv.Atoi(os.Getenv(envInstance))
 	dur, err4 := time.ParseDuration(os.Getenv(soakEnvDur))
 	if err := errors.Join(err1, err2, err3, err4); err != nil {
 		return err
