@@ -611,12 +611,12 @@ func TestFaultCommitCut(t *testing.T) {
 			res := wave(context.Background(), caches, 5, key, load)
 			m.check(t, key)
 			checkResults(t, key, res, getBound(to, 4*faultLease, 0), true)
+			s := sumStats(caches...)
 			select {
 			case <-fault.Fired():
 			default:
-				t.Fatalf("the fault on the COMMIT did not fire")
+				t.Fatalf("the fault on the COMMIT did not fire (loads %d; %s; versions served %v)", r.loadCount(key), cpStatsLine(s), versions(res))
 			}
-			s := sumStats(caches...)
 			if n := r.loadCount(key); n != tc.loads {
 				t.Errorf("%d loads, want %d", n, tc.loads)
 			}

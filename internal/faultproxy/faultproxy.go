@@ -208,9 +208,10 @@ type Fault struct {
 	once  sync.Once
 }
 
-// Fired is closed when the fault has done its work: for CutRequest when
-// the connection was reset, for DropReply when the reply was dropped and
-// the connection reset.
+// Fired is closed when the fault has hit: for CutRequest when the
+// connection was reset, for DropReply when its request was seen (its
+// reply is then dropped and the connection reset, unless the client gave
+// up first).
 func (f *Fault) Fired() <-chan struct{} { return f.fired }
 
 // Disarm removes the fault if it has not matched yet. It reports whether
@@ -468,7 +469,10 @@ func (l *link) accept(dir Direction, data []byte) bool {
 	start := at - (len(window) - len(data)) // the pattern's offset in data; may be negative
 	switch f.kind {
 	case dropReply:
+		// The fault has hit its request: it fires now, whether the reply
+		// then arrives (and is dropped) or the client gives up first.
 		l.dropReply.Store(f)
+		f.fire()
 		return l.enqueue(dir, chunk{data: data, due: due})
 	default: // cutRequest
 		end := max(start, 0) + f.n
