@@ -69,8 +69,9 @@ type Cache struct {
 	open   map[*Fill]struct{}    // every Fill not yet committed or aborted
 
 	refreshMu  sync.Mutex
-	refreshing map[string]struct{} // keys with a background refresh in this process
-	refreshSem chan struct{}       // bounds background refreshes
+	refreshing map[string]struct{}  // keys with a background refresh in this process
+	backingOff map[string]time.Time // keys whose refreshes back off, until when (learned from Redis)
+	refreshSem chan struct{}        // bounds background refreshes
 
 	now  func() time.Time // the clock for freshness; tests inject a fake
 	rand func() float64   // uniform in [0, 1) for XFetch; tests inject a seeded one
@@ -103,6 +104,7 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		fills:      make(map[string]*localFill),
 		open:       make(map[*Fill]struct{}),
 		refreshing: make(map[string]struct{}),
+		backingOff: make(map[string]time.Time),
 		refreshSem: make(chan struct{}, cfg.MaxRefreshes),
 		now:        time.Now,
 		rand:       rand.Float64,

@@ -83,6 +83,12 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 	if _, busy := c.refreshing[f.key]; busy {
 		return
 	}
+	if until, ok := c.backingOff[f.key]; ok {
+		if time.Now().Before(until) {
+			return // refreshes of this key back off: no need to ask Redis again
+		}
+		delete(c.backingOff, f.key)
+	}
 	select {
 	case c.refreshSem <- struct{}{}:
 	default:
@@ -135,6 +141,14 @@ func (c *Cache) refresh(f *flight, seenFence []byte) {
 	c.redisAnswered()
 	if r.lease == nil {
 		c.sig.refresh(f.key, RefreshSkipped) // refreshed elsewhere already, or backing off
+		if r.backoff && r.pttl > 0 {
+			c.refreshMu.Lock()
+			if len(c.backingOff) >= 10000 {
+				clear(c.backingOff) // a bound; forgetting only costs a round trip
+			}
+			c.backingOff[f.key] = time.Now().Add(r.pttl)
+			c.refreshMu.Unlock()
+		}
 		return
 	}
 	c.stats.refreshes.Add(1)

@@ -156,7 +156,13 @@ func testOneRefreshAcrossCaches(t *testing.T, b backend) {
 func testStaleIfError(t *testing.T, b backend) {
 	clk := newFakeClock()
 	const step = 300 * time.Millisecond
-	c := withClock(newTestCache(t, b.rdb, &Options{StaleFor: time.Hour, RefreshBackoff: step, RefreshBackoffMax: step}), clk)
+	var skipped atomic.Int64
+	obs := &Observer{Refresh: func(_ string, ev RefreshEvent) {
+		if ev == RefreshSkipped {
+			skipped.Add(1)
+		}
+	}}
+	c := withClock(newTestCache(t, b.rdb, &Options{StaleFor: time.Hour, RefreshBackoff: step, RefreshBackoffMax: step, Observer: obs}), clk)
 	ctx := context.Background()
 	key := testKey(t)
 	var calls atomic.Int64
@@ -180,11 +186,20 @@ func testStaleIfError(t *testing.T, b backend) {
 	if n := b.rdb.Exists(ctx, mustKeys(t, key).backoff).Val(); n != 1 {
 		t.Fatalf("no refresh backoff in Redis after a failed refresh")
 	}
-	// Within the backoff step, stale hits do not call the source.
+	// Within the backoff step, stale hits do not call the source, and once
+	// this process has heard of the backoff it stops asking Redis.
 	for range 20 {
 		if v, err := c.Get(ctx, key, time.Minute, load); err != nil || string(v) != "good" {
 			t.Fatalf("stale Get during backoff = (%q, %v)", v, err)
 		}
+		waitFor(t, 5*time.Second, "the refresh attempt to settle", func() bool {
+			c.refreshMu.Lock()
+			defer c.refreshMu.Unlock()
+			return len(c.refreshing) == 0
+		})
+	}
+	if n := skipped.Load(); b.mini == nil && n > 1 {
+		t.Errorf("%d refresh attempts asked Redis during one backoff step, want at most 1", n)
 	}
 	if b.mini == nil {
 		// Real expiry of the backoff marker: the next stale hit retries.
