@@ -259,6 +259,7 @@ func (c *Cache) Close() error {
 	c.abortOpenFills()
 	c.cancel()
 	c.wg.Wait()
+	c.abortOpenFills() // Fills that a Begin already running made meanwhile
 	return c.locker.Close()
 }
 

@@ -166,11 +166,15 @@ func (n *notifier) subscribe(ctx context.Context, channel string) (sub *subscrip
 	n.mu.Unlock()
 
 	if first {
+		if !creating {
+			// Wait for the connection's creator outside cmdMu, which the
+			// creator needs to dial (bounded by the client's timeouts).
+			<-conn.ready
+		}
 		n.cmdMu.Lock()
 		if creating {
 			err = n.dial(ctx, conn, sharded, channel)
 		} else {
-			<-conn.ready
 			err = subscribeTo(ctx, conn.ps, sharded, channel)
 		}
 		n.cmdMu.Unlock()

@@ -133,7 +133,9 @@ func (c *Cache) refresh(f *flight, seenFence []byte) {
 	}
 	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence, "")
 	if err != nil {
-		if !errors.Is(err, ErrLeaseHeld) {
+		if errors.Is(err, ErrLeaseHeld) {
+			c.redisAnswered() // an answer: it may have been the breaker's probe
+		} else {
 			c.redisFailed(err)
 		}
 		return

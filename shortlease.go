@@ -280,7 +280,8 @@ type Lease struct {
 	deadline time.Time  // local end of validity; Lost closes then
 	expiry   *time.Timer
 	isLost   bool
-	released bool
+	released bool // Release was called, or a script released the lease (finish)
+	freed    bool // a Release succeeded: later ones return nil without Redis
 	watch    *watchdog
 }
 
@@ -349,8 +350,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	deadline := start.Add(ttl - drift(ttl))
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.isLost {
-		return fmt.Errorf("%w: %q: validity ran out while extending", ErrLeaseLost, l.key)
+	if l.isLost || l.released {
+		return fmt.Errorf("%w: %q: validity ran out or the lease was released while extending", ErrLeaseLost, l.key)
 	}
 	l.deadline = deadline
 	l.expiry.Reset(time.Until(deadline))
@@ -449,10 +450,14 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.mu.Lock()
 	l.released = true
+	freed := l.freed
 	if l.expiry != nil {
 		l.expiry.Stop()
 	}
 	l.mu.Unlock()
+	if freed {
+		return nil // released before: the key may belong to someone else now
+	}
 	l.stopWatchdog()
 	ok, err := l.releaseWith(ctx, msgReleased)
 	if err != nil {
@@ -461,6 +466,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	if ok != 1 {
 		return fmt.Errorf("%w: %q: it expired or passed to another owner before release", ErrLeaseLost, l.key)
 	}
+	l.mu.Lock()
+	l.freed = true
+	l.mu.Unlock()
 	return nil
 }
 

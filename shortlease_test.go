@@ -98,12 +98,27 @@ func testAcquireRelease(t *testing.T, b backend) {
 	if err != nil {
 		t.Fatalf("TryAcquire after release: %v", err)
 	}
-	defer b2.Release(ctx)
 	if b2.Token() <= a.Token() {
 		t.Errorf("token after release = %d, want > %d", b2.Token(), a.Token())
 	}
 	if got := b2.Key(); got != key {
 		t.Errorf("Key() = %q, want %q", got, key)
+	}
+	if err := b2.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	b3, err := l.TryAcquire(ctx, key, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b3.Release(ctx)
+	// A deferred second Release of a lease released long ago is still not
+	// an error, and leaves the current holder alone.
+	if err := a.Release(ctx); err != nil {
+		t.Errorf("Release of a lease released before another holder came: got %v, want nil", err)
+	}
+	if got := b.rdb.Get(ctx, mustKeys(t, key).lease).Val(); got != b3.value {
+		t.Errorf("lease key = %q after the stale Release, want the holder's %q", got, b3.value)
 	}
 	var nilLease *Lease
 	if err := nilLease.Release(ctx); err != nil {

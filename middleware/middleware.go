@@ -126,9 +126,8 @@ type Options struct {
 	// handler themselves. Keep it below the Cache's MaxValueBytes (4 MiB
 	// by default) with room for the headers: a response that fits
 	// MaxBodyBytes but not MaxValueBytes is not stored either; the
-	// requests waiting for it in this process run the handler themselves,
-	// but those in other processes take it as a failed rebuild, retry, and
-	// may get ErrorHandler's response. Default: 1 MiB.
+	// requests waiting for it in this process get it, and those in other
+	// processes run the handler themselves. Default: 1 MiB.
 	MaxBodyBytes int
 
 	// RespectCacheControl takes a stored response's TTL from its
@@ -287,13 +286,6 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		case ctx.Err() != nil:
 			return // the client went away
-		case errors.Is(err, herd.ErrValueTooLarge):
-			// The leader's response was fine but too large for the
-			// Cache (its Commit failed): serve this request directly.
-			h.log(slog.LevelDebug, "herd/middleware: the response is too large for the Cache; serving uncached", "key", key)
-			w.Header().Set("Cache-Status", statusBypass)
-			h.next.ServeHTTP(w, r)
-			return
 		case errors.Is(err, herd.ErrLoadFailed) && attempt == 0:
 			continue // the leader failed: one of the waiters leads now
 		case errors.Is(err, herd.ErrLoadFailed):
@@ -502,8 +494,8 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header) (ttl time.
 // every key: a KeyHeaders entry, or a forwarding header (but not
 // Forwarded, whose for= parameters are not keyed).
 func (h *handler) keyed(name string) bool {
-	if slices.Contains(h.cfg.keyHeaders, name) {
-		return true
+	if h.cfg.KeyFunc == nil && slices.Contains(h.cfg.keyHeaders, name) {
+		return true // with KeyFunc, KeyHeaders are not part of the key
 	}
 	return h.cfg.KeyFunc == nil && !h.cfg.IgnoreForwardedHeaders && name != "Forwarded" && slices.Contains(forwardedHeaders, name)
 }

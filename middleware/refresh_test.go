@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -54,5 +55,31 @@ func TestStaleRefreshKeepsItsRouteParams(t *testing.T) {
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
+	}
+}
+
+// With KeyFunc, KeyHeaders are not part of the key: a response that varies
+// on one of them must not be stored under a key that ignores it.
+func TestKeyFuncIgnoresKeyHeadersForVary(t *testing.T) {
+	c, _ := newCache(t, nil)
+	var runs atomic.Int64
+	h := New(c, &Options{
+		KeyFunc:    func(r *http.Request) (string, bool) { return r.URL.Path, true },
+		KeyHeaders: []string{"Accept-Language"},
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.Header().Set("Vary", "Accept-Language")
+		fmt.Fprintf(w, "page in %s", r.Header.Get("Accept-Language"))
+	}))
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	if _, body := get(t, srv.URL+"/page", "Accept-Language", "en"); body != "page in en" {
+		t.Fatalf("first: %q", body)
+	}
+	if _, body := get(t, srv.URL+"/page", "Accept-Language", "de"); body != "page in de" {
+		t.Errorf("a de request got %q: a response varying on a header outside the KeyFunc key was stored", body)
+	}
+	if runs.Load() != 2 {
+		t.Errorf("handler runs = %d, want 2 (nothing stored)", runs.Load())
 	}
 }
