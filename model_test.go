@@ -26,6 +26,7 @@ type modelLease struct {
 	client  int
 	expires time.Duration // model time at which Redis expires it, as of its last acquire or extend
 	release bool          // Release was called (the lease is done locally)
+	freed   bool          // a Release of it succeeded: later ones are nil without Redis
 }
 
 // leaseModel is the model's state for one run.
@@ -138,10 +139,12 @@ func TestModelLease(t *testing.T) {
 						t.Fatalf("the holder's release: %v", err)
 					}
 					m.holder, m.released = nil, ml.l.value
-				case m.released == ml.l.value:
+					ml.freed = true
+				case ml.freed || m.released == ml.l.value:
 					if err != nil {
 						t.Fatalf("a repeated release: %v, want nil (recognised as released)", err)
 					}
+					ml.freed = true
 				default:
 					if !errors.Is(err, ErrLeaseLost) {
 						t.Fatalf("release of a lease that is not held (token %d): %v, want ErrLeaseLost", ml.l.Token(), err)
