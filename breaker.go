@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -18,6 +19,11 @@ type breaker struct {
 	threshold int
 	cooldown  time.Duration
 
+	// troubled is set while there are failures to count or a probe runs,
+	// so that the hit path (allow and success with nothing to record)
+	// reads one atomic instead of taking the mutex.
+	troubled atomic.Bool
+
 	mu        sync.Mutex
 	fails     int
 	openUntil time.Time
@@ -29,6 +35,9 @@ var errBreakerOpen = errors.New("herd: circuit breaker open after repeated Redis
 
 // allow reports whether a flight may call Redis now.
 func (b *breaker) allow() bool {
+	if !b.troubled.Load() {
+		return true
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.fails < b.threshold {
@@ -44,9 +53,13 @@ func (b *breaker) allow() bool {
 // success records an answer from Redis and reports whether it closed an
 // open breaker.
 func (b *breaker) success() (closed bool) {
+	if !b.troubled.Load() {
+		return false
+	}
 	b.mu.Lock()
 	closed = b.fails >= b.threshold
 	b.fails, b.probing = 0, false
+	b.troubled.Store(false)
 	b.mu.Unlock()
 	return closed
 }
@@ -56,6 +69,7 @@ func (b *breaker) success() (closed bool) {
 func (b *breaker) failure() (opened bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	b.troubled.Store(true)
 	b.fails++
 	if b.probing || b.fails == b.threshold {
 		b.openUntil = time.Now().Add(b.cooldown)
