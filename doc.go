@@ -79,7 +79,10 @@
 //     is already under way takes that answer only when it is known to be
 //     current after the call arrived (read or committed after it); else
 //     it runs the next lookup itself, one more round trip. Callers that
-//     joined a rebuild before the write may still get its value.
+//     joined a rebuild before the write may still get its value. Limit:
+//     a value Redis could not check (Redis unreachable, a failed commit)
+//     is held back only from callers after a write made in the same
+//     process; another process's writes cannot be seen without Redis.
 //
 // # Failure behaviour
 //
