@@ -146,7 +146,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// A caller that joins a flight whose answer may predate a write it
 	// has seen returned takes the next flight instead (read-your-writes).
 	// That flight starts after this caller joined, so its answer is
-	// current for it: one more round at most (the bound is a safety net).
+	// current for it: one more round at most.
 	joined, writes := time.Now(), c.writesOf(key)
 	for round := 0; ; round++ {
 		ch := c.group.DoChan(key, func() (any, error) {
@@ -167,7 +167,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			return nil, ctx.Err()
 		case r := <-ch:
 			res := r.Val.(*flightResult)
-			if round < 2 && !res.answers(joined, writes, r.Err) {
+			if round == 0 && !res.answers(joined, writes, r.Err) {
 				continue
 			}
 			recordOutcome(ctx, res.outcome)

@@ -463,7 +463,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("herd: release lease %q: %w", l.key, err)
 	}
-	if ok != 1 {
+	if ok == 0 {
 		return fmt.Errorf("%w: %q: it expired or passed to another owner before release", ErrLeaseLost, l.key)
 	}
 	l.mu.Lock()
@@ -473,7 +473,8 @@ func (l *Lease) Release(ctx context.Context) error {
 }
 
 // releaseWith runs the RELEASE script, publishing msg to the key's waiters
-// when the lease was still ours. It reports 1 when released (now or by an
+// when the lease was still ours. It reports 2 when released now with the
+// key's fence still this lease's, 1 when released otherwise (now or by an
 // earlier try of the same call) and 0 when the lease was not ours.
 func (l *Lease) releaseWith(ctx context.Context, msg string) (int, error) {
 	return l.releaseFailed(ctx, msg, 0, 0, 0)
