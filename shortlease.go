@@ -125,6 +125,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	if errors.Is(serr, ErrClosed) {
 		return nil, serr
 	}
+	if serr != nil && ctx.Err() != nil {
+		// subscribe gave up when ctx ended.
+		return nil, errors.Join(ErrLeaseHeld, ctx.Err())
+	}
 
 	backoff := l.cfg.pollMin
 	poll := time.NewTimer(0)
