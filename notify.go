@@ -52,8 +52,9 @@ const (
 //     reaches it.
 //
 // Subscriptions are reference-counted per channel. Callers only register
-// and unregister (under mu, no I/O); one worker goroutine per connection
-// sends the SUBSCRIBE and UNSUBSCRIBE commands, reconciling what is wanted
+// and unregister (under mu, no pub/sub I/O; the cluster's one-time
+// SPUBLISH probe runs in its own goroutine); one worker goroutine per
+// connection sends the SUBSCRIBE and UNSUBSCRIBE commands, reconciling what is wanted
 // with what it has sent. So a subscribe waits for the network only as long
 // as its caller's ctx allows, a release never waits for it, and an
 // UNSUBSCRIBE can never overtake a newer SUBSCRIBE of the same channel.
