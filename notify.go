@@ -136,6 +136,10 @@ type psConn struct {
 	chans   map[string]*chanState // the channels in the PubSub's own set
 	gen     uint64                // incremented when the connection was lost
 	failing error                 // the last error, while the worker backs off after it
+	// lostSince is set by lost and cleared by the next confirmation: a
+	// CROSSSLOT reply meanwhile is the failed resubscription of the very
+	// reconnect that lost already handled.
+	lostSince bool
 }
 
 // chanState is what herd knows about one channel of a connection.
@@ -583,6 +587,7 @@ func (c *psConn) lost() {
 	n := c.n
 	n.mu.Lock()
 	c.gen++
+	c.lostSince = true
 	for _, st := range c.chans {
 		st.confirmed = false
 		if c.sharded {
@@ -633,9 +638,17 @@ func (c *psConn) receive(ps *redis.PubSub) {
 				}
 			case errors.As(err, &rerr):
 				// An error reply. CROSSSLOT is go-redis's resubscription
-				// of several slots' channels after a reconnect.
+				// of several slots' channels after a reconnect; unless an
+				// error already told of that reconnect (go-redis also
+				// reconnects silently, e.g. on a server's handoff
+				// notice), send the channels again.
 				if strings.HasPrefix(err.Error(), "CROSSSLOT") {
-					c.lost()
+					n.mu.Lock()
+					handled := c.lostSince
+					n.mu.Unlock()
+					if !handled {
+						c.lost()
+					}
 				}
 			default:
 				pinged = false
@@ -668,6 +681,7 @@ func (c *psConn) deliver(channel string, nt notice, confirm bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if confirm {
+		c.lostSince = false
 		if st := c.chans[channel]; st != nil {
 			st.confirmed = true
 		}
