@@ -82,8 +82,8 @@ type Cache struct {
 	rand func() float64   // uniform in [0, 1) for XFetch; tests inject a seeded one
 }
 
-// New returns a Cache on rdb: a *redis.Client, a *redis.ClusterClient or a
-// failover client. A nil opt means the defaults of [Options]. It panics on
+// New returns a Cache on rdb: a *redis.Client, a *redis.ClusterClient, a
+// *redis.Ring or a failover client. A nil opt means the defaults of [Options]. It panics on
 // a nil client or an invalid option.
 //
 // Bound every Redis call with the client's own ReadTimeout and

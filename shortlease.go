@@ -49,7 +49,8 @@ type Locker struct {
 }
 
 // NewLocker returns a Locker that keeps its leases in rdb, which may be a
-// *redis.Client, a *redis.ClusterClient or a failover client. A nil opt
+// *redis.Client, a *redis.ClusterClient, a *redis.Ring or a failover
+// client. A nil opt
 // means the defaults of [LockerOptions]. It panics on an invalid option.
 func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
 	if rdb == nil {
@@ -124,6 +125,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	}
 	if errors.Is(serr, ErrClosed) {
 		return nil, serr
+	}
+	if serr != nil && ctx.Err() != nil {
+		// subscribe gave up when ctx ended.
+		return nil, errors.Join(ErrLeaseHeld, ctx.Err())
 	}
 
 	backoff := l.cfg.pollMin
