@@ -775,6 +775,43 @@ func TestCalibrationFailedLoadIsNotASample(t *testing.T) {
 	}
 }
 
+// TestCalibrationSlowBurstDecays: on a real redis-server, three successful
+// slow rebuilds in a row raise the lease (a real shift), and fast loads
+// bring it back within calibForgetLoads.
+func TestCalibrationSlowBurstDecays(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestCache(t, srv.Client(t), &Options{KeyClass: func(string) string { return "report" }})
+	ctx := context.Background()
+	fast := func(context.Context) ([]byte, error) { return []byte("v"), nil }
+	n := 0
+	get := func() {
+		t.Helper()
+		n++
+		if _, err := c.Get(ctx, "report/"+strconv.Itoa(n), time.Minute, fast); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 10 {
+		get()
+	}
+	before := c.leaseFor("report/x")
+	for range 3 {
+		c.calib.Observe("report", 2*time.Second) // three successful 2s rebuilds
+	}
+	raised := c.leaseFor("report/x")
+	if want := wantLease(c.calib.cfg, calibBounds[calibBucket(2*time.Second)]); raised != want {
+		t.Fatalf("lease after 3 slow rebuilds = %v, want %v", raised, want)
+	}
+	k := 0
+	for ; k < 2*calibForgetLoads && c.leaseFor("report/x") != before; k++ {
+		get()
+	}
+	if k > calibForgetLoads {
+		t.Errorf("lease back to %v after %d fast loads, want <= %d", before, k, calibForgetLoads)
+	}
+	t.Logf("lease before: %v, after 3 slow rebuilds: %v, back to %v after %d fast loads", before, raised, c.leaseFor("report/x"), k)
+}
+
 // TestCalibrationLearnsDeltaFromOtherCache: a second Cache on the same
 // redis-server learns the first one's rebuild time from the Δ in every
 // envelope it reads (a hit, a wake-up with and without the value, a
