@@ -179,7 +179,7 @@ type calibration struct {
 // Lease and Tail hash the class name and cost O(buckets) under the class's
 // mutex; they do not allocate, except Observe once for a class that is not
 // tracked yet. observeRebuild of a rebuild already counted costs one hash
-// of the key and one atomic load.
+// of the key's name and one atomic load.
 type calibrator struct {
 	cfg  calibration
 	seed maphash.Seed
@@ -257,47 +257,49 @@ func newCalibrator(cfg calibration) *calibrator {
 	}
 }
 
-// observeLoad records a rebuild of key that this process ran under the
+// observeLoad records a rebuild of f's key that this process ran under the
 // lease with the given fence and that took d. Only a load that produced a
 // value or ErrNotFound is a sample: a failed, timed-out or panicked load
 // (err of any other kind) is not. The rebuild is marked as counted, so the
 // envelope it writes is not counted again when this process reads it.
-func (c *Cache) observeLoad(key string, fence uint64, d time.Duration, err error) {
+func (c *Cache) observeLoad(f *flight, fence uint64, d time.Duration, err error) {
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return
 	}
-	c.calib.observeRebuild(key, c.cfg.classLabel, fence, d)
+	c.calib.observeRebuild(f.keys.value, f.key, c.cfg.classLabel, fence, d)
 }
 
-// observeDelta records the rebuild time Δ of an envelope of key that this
-// process read (a hit, a wake-up, a value found while waiting or under a
-// takeover). Each rebuild, told apart by its writer's fence, counts once;
-// an envelope without Δ (written by Set) counts not at all. It costs a hash
-// of the key and one atomic load when the rebuild was counted already, and
-// never allocates then.
-func (c *Cache) observeDelta(key string, fence uint64, delta time.Duration) {
-	c.calib.observeRebuild(key, c.cfg.classLabel, fence, delta)
+// observeDelta records the rebuild time Δ of an envelope of f's key that
+// this process read (a hit, a wake-up, a value found while waiting or under
+// a takeover). Each rebuild, told apart by its writer's fence, counts once;
+// an envelope without Δ (written by Set) counts not at all. When the
+// rebuild was counted already this costs a hash of the key's short Redis
+// name (whatever the key's length) and one atomic load, and never
+// allocates.
+func (c *Cache) observeDelta(f *flight, fence uint64, delta time.Duration) {
+	c.calib.observeRebuild(f.keys.value, f.key, c.cfg.classLabel, fence, delta)
 }
 
 // observeRebuild records a rebuild of key, by the writer that held fence,
-// that took d, unless it was counted already. classOf maps the key to its
-// class; nil means the key is its own class. Durations d <= 0 are ignored.
-func (c *calibrator) observeRebuild(key string, classOf func(string) string, fence uint64, d time.Duration) {
+// that took d, unless it was counted already. name identifies the key for
+// that check (its Redis value name: short whatever the key's length).
+// classOf maps the key to its class; nil means the key is its own class.
+// Durations d <= 0 are ignored.
+func (c *calibrator) observeRebuild(name, key string, classOf func(string) string, fence uint64, d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	kh := maphash.String(c.seed, key)
-	tag := rebuildTag(kh, fence)
+	tag := rebuildTag(maphash.String(c.seed, name), fence)
 	slot := &c.seen[tag>>(64-calibSeenBits)]
 	if slot.Load() == tag {
 		return
 	}
 	slot.Store(tag)
-	class := kh
+	class := key
 	if classOf != nil {
-		class = maphash.String(c.seed, classOf(key))
+		class = classOf(key)
 	}
-	c.observe(class, d, tag)
+	c.observe(maphash.String(c.seed, class), d, tag)
 }
 
 // rebuildTag identifies a rebuild (a key's hash and its writer's fence) in

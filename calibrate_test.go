@@ -455,7 +455,7 @@ func TestCalibratorKeepsNoClassName(t *testing.T) {
 		name := strings.Repeat("q", 512<<10) + strconv.Itoa(i) // a 512 KiB key
 		ptrs = append(ptrs, weak.Make(unsafe.StringData(name)))
 		c.Observe(name, time.Second)
-		c.observeRebuild(name, nil, uint64(i+1), time.Second)
+		c.observeRebuild(name, name, nil, uint64(i+1), time.Second)
 	}
 	runtime.GC()
 	runtime.GC()
@@ -521,16 +521,16 @@ func TestCalibratorRebuildCountedOnce(t *testing.T) {
 	c, _ := newTestCalibrator(calibration{})
 	approx := func(got, want float64) bool { return math.Abs(got-want) < 1e-3 }
 	for range 10 {
-		c.observeRebuild("a", nil, 7, time.Second)
+		c.observeRebuild("a", "a", nil, 7, time.Second)
 	}
 	if w := c.weight("a"); !approx(w, 1) {
 		t.Errorf("weight after 10 reads of one rebuild = %v, want 1", w)
 	}
-	c.observeRebuild("a", nil, 8, time.Second)
+	c.observeRebuild("a", "a", nil, 8, time.Second)
 	if w := c.weight("a"); !approx(w, 1+calibLoadDecay) {
 		t.Errorf("weight after a second rebuild = %v, want %v", w, 1+calibLoadDecay)
 	}
-	c.observeRebuild("a", nil, 9, 0) // a Set: no Δ
+	c.observeRebuild("a", "a", nil, 9, 0) // a Set: no Δ
 	if w := c.weight("a"); !approx(w, 1+calibLoadDecay) {
 		t.Errorf("weight after an envelope without Δ = %v, want unchanged", w)
 	}
@@ -540,7 +540,7 @@ func TestCalibratorRebuildCountedOnce(t *testing.T) {
 	group := func(string) string { return "group" }
 	for round := range 5 {
 		for _, k := range []string{"x", "y", "z"} {
-			c.observeRebuild(k, group, 1, time.Second)
+			c.observeRebuild(k, k, group, 1, time.Second)
 		}
 		for i := range c.seen {
 			c.seen[i].Store(0)
@@ -575,7 +575,7 @@ func TestObserveLoadOnlySuccess(t *testing.T) {
 	}
 	for i, tt := range tests {
 		key := "k" + strconv.Itoa(i)
-		c.observeLoad(key, 1, 3*time.Second, tt.err)
+		c.observeLoad(&flight{key: key, keys: mustKeys(t, key)}, 1, 3*time.Second, tt.err)
 		if got := c.calib.weight(key) > 0; got != tt.sample {
 			t.Errorf("%s: sampled = %v, want %v", tt.name, got, tt.sample)
 		}
@@ -603,7 +603,8 @@ func TestCalibratorConcurrent(t *testing.T) {
 					// Churn through more classes than fit, to race eviction.
 					c.Observe("churn-"+strconv.Itoa(r.IntN(64)), d)
 				case 3:
-					c.observeRebuild("churn-"+strconv.Itoa(r.IntN(64)), nil, uint64(r.IntN(4)), d)
+					churn := "churn-" + strconv.Itoa(r.IntN(64))
+					c.observeRebuild(churn, churn, nil, uint64(r.IntN(4)), d)
 				}
 				for _, class := range []string{"shared", own, "churn-1"} {
 					if l := c.Lease(class); l < cfg.Min || l > cfg.Max {
@@ -630,7 +631,7 @@ func TestCalibratorConcurrent(t *testing.T) {
 func TestCalibratorNoAllocs(t *testing.T) {
 	c := newCalibrator(calibration{})
 	c.Observe("k", time.Second)
-	c.observeRebuild("k", nil, 1, time.Second)
+	c.observeRebuild("k", "k", nil, 1, time.Second)
 	fence := uint64(1)
 	tests := []struct {
 		name string
@@ -640,12 +641,33 @@ func TestCalibratorNoAllocs(t *testing.T) {
 		{"Lease", func() { _ = c.Lease("k") }},
 		{"Lease unknown", func() { _ = c.Lease("unknown") }},
 		{"Tail", func() { _, _ = c.Tail("k") }},
-		{"observeRebuild counted", func() { c.observeRebuild("k", nil, 1, time.Second) }},
-		{"observeRebuild new", func() { fence++; c.observeRebuild("k", nil, fence, time.Second) }},
+		{"observeRebuild counted", func() { c.observeRebuild("k", "k", nil, 1, time.Second) }},
+		{"observeRebuild new", func() { fence++; c.observeRebuild("k", "k", nil, fence, time.Second) }},
 	}
 	for _, tt := range tests {
 		if got := testing.AllocsPerRun(1000, tt.f); got != 0 {
 			t.Errorf("%s: %v allocations per call, want 0", tt.name, got)
+		}
+	}
+}
+
+// TestObserveDeltaNoAllocs: the hit path's calibration step allocates
+// nothing, for a rebuild counted already and for a new one, whatever the
+// key's length.
+func TestObserveDeltaNoAllocs(t *testing.T) {
+	mr := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	t.Cleanup(func() { rdb.Close() })
+	c := newTestCache(t, rdb, nil)
+	for _, key := range []string{"user:42", strings.Repeat("q", 1<<20)} {
+		f := &flight{key: key, keys: mustKeys(t, key)}
+		c.observeDelta(f, 1, time.Second)
+		fence := uint64(1)
+		if got := testing.AllocsPerRun(100, func() { c.observeDelta(f, 1, time.Second) }); got != 0 {
+			t.Errorf("%d-byte key, counted rebuild: %v allocations, want 0", len(key), got)
+		}
+		if got := testing.AllocsPerRun(100, func() { fence++; c.observeDelta(f, fence, time.Second) }); got != 0 {
+			t.Errorf("%d-byte key, new rebuild: %v allocations, want 0", len(key), got)
 		}
 	}
 }
@@ -952,7 +974,7 @@ func TestOnNoticeLearnsDelta(t *testing.T) {
 	env := c.newEnvelope(42, []byte("v"), time.Minute, 0, 700*time.Millisecond)
 	msg := notice{payload: string(msgValue) + string(env.encode())}
 	for range 3 {
-		f := &flight{key: "k"}
+		f := &flight{key: "k", keys: mustKeys(t, "k")}
 		if v, err, done := c.onNotice(f, msg); !done || err != nil || string(v) != "v" {
 			t.Fatalf("onNotice = (%q, %v, %v), want the value", v, err, done)
 		}
@@ -980,14 +1002,22 @@ func BenchmarkCalibratorObserve(b *testing.B) {
 	}
 }
 
-// BenchmarkCalibratorObserveCounted is the hit path's cost: a rebuild
-// counted already.
-func BenchmarkCalibratorObserveCounted(b *testing.B) {
+// BenchmarkObserveDeltaCounted is the hit path's calibration cost: a
+// rebuild counted already, for a short and a 1 MiB key.
+func BenchmarkObserveDeltaCounted(b *testing.B) {
 	c := newCalibrator(calibration{})
-	c.observeRebuild("user:42", nil, 9, time.Second)
-	b.ReportAllocs()
-	for b.Loop() {
-		c.observeRebuild("user:42", nil, 9, time.Second)
+	for _, key := range []string{"user:42", strings.Repeat("q", 1<<20)} {
+		keys, err := makeKeys(DefaultPrefix, key)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(strconv.Itoa(len(key))+"B", func(b *testing.B) {
+			c.observeRebuild(keys.value, key, nil, 9, time.Second)
+			b.ReportAllocs()
+			for b.Loop() {
+				c.observeRebuild(keys.value, key, nil, 9, time.Second)
+			}
+		})
 	}
 }
 

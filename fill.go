@@ -209,7 +209,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		if fl.lease != nil {
 			fl.lease.finish()
 			c.stats.loads.Add(1)
-			c.observeLoad(fl.f.key, fl.lease.token, delta, nil)
+			c.observeLoad(fl.f, fl.lease.token, delta, nil)
 			env.fence = fl.lease.token
 			c.commit(fl.f, fl.lease, env)
 		}

@@ -159,7 +159,7 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done bool) {
 	now := c.now()
 	f.env = env
-	c.observeDelta(f.key, env.fence, env.delta)
+	c.observeDelta(f, env.fence, env.delta)
 	if f.outcome == OutcomeFollower {
 		// A follower that finds the value while waiting stays a follower.
 		defer func() { f.outcome = OutcomeFollower }()
@@ -212,7 +212,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	lease.finish()
 	c.stats.loads.Add(1)
 	c.sig.load(f.key, delta, err, true)
-	c.observeLoad(f.key, lease.token, delta, err)
+	c.observeLoad(f, lease.token, delta, err)
 
 	if err == nil && len(val) > c.cfg.MaxValueBytes {
 		err = fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
@@ -421,7 +421,7 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 			return nil, nil, false
 		}
 		f.env = env
-		c.observeDelta(f.key, env.fence, env.delta)
+		c.observeDelta(f, env.fence, env.delta)
 		if env.negative {
 			return nil, ErrNotFound, true
 		}
