@@ -128,10 +128,16 @@
 // # Tuning
 //
 //   - Lease length: calibrated per key class ([Options.KeyClass]) as
-//     LeaseFactor × the p99 of measured rebuild times, clamped to
-//     [MinLease, MaxLease], DefaultLease before any data. The watchdog
-//     renews it while the rebuild runs, so the lease only needs to cover
-//     the time a crashed leader blocks the key; MaxHold caps a stuck one.
+//     LeaseFactor × a tail estimate of recent successful rebuild times
+//     (this process's and, through the rebuild time in every value it
+//     reads, other processes'), clamped to [MinLease, MaxLease];
+//     DefaultLease for a class with too little recent data. Failed,
+//     timed-out and panicked loads are not samples, one or two slow
+//     rebuilds never move the lease, and old samples stop counting after
+//     at most 146 later rebuilds of the class or 546 s, whichever comes
+//     first ([Options.LeaseFactor] has the details). The watchdog renews
+//     the lease while the rebuild runs, so it only needs to cover the time
+//     a crashed leader blocks the key; MaxHold caps a stuck one.
 //   - Wait budget: by default a follower waits twice the lease, renewed
 //     while the lease is still held, up to MaxHold plus one lease; an
 //     explicit [Options.WaitTimeout] is a hard bound, then

@@ -336,7 +336,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		if fl.lease != nil {
 			fl.lease.finish()
 			c.stats.loads.Add(1)
-			c.calib.Observe(c.cfg.KeyClass(fl.f.key), delta)
+			c.observeLoad(fl.f, fl.lease.token, delta, nil)
 			env.fence = fl.lease.token
 			cur = c.commit(fl.f, fl.lease, env, fl.start, fl.writes)
 		}

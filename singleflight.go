@@ -219,6 +219,7 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 	now := c.now()
 	f.env = env
 	f.cur = currency{from: f.seen}
+	c.observeDelta(f, env.fence, env.delta)
 	if f.outcome == OutcomeFollower {
 		// A follower that finds the value while waiting stays a follower.
 		defer func() { f.outcome = OutcomeFollower }()
@@ -272,7 +273,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	lease.finish()
 	c.stats.loads.Add(1)
 	c.sig.load(f.key, delta, err, true)
-	c.calib.Observe(c.cfg.KeyClass(f.key), delta)
+	c.observeLoad(f, lease.token, delta, err)
 
 	if err == nil && len(val) > c.cfg.MaxValueBytes {
 		err = fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
@@ -392,7 +393,11 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 	start := time.Now()
 	end := WaitPolled
 	defer func() { c.sig.wait(f.key, time.Since(start), end) }()
-	sub, _, serr := c.notify.subscribe(c.ctx, f.keys.channel)
+	subCtx := c.ctx
+	if f.caller != nil {
+		subCtx = f.caller // Begin: the subscription waits no longer than its caller
+	}
+	sub, _, serr := c.notify.subscribe(subCtx, f.keys.channel)
 	if errors.Is(serr, ErrClosed) {
 		return nil, ErrClosed
 	}
@@ -436,7 +441,7 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 	// Without it, poll from the expected rebuild time with backoff.
 	backoff := c.cfg.PollMax
 	if !notified {
-		est, _ := c.calib.P99(c.cfg.KeyClass(f.key))
+		est, _ := c.calib.Tail(c.cfg.KeyClass(f.key))
 		backoff = min(max(est/2, c.cfg.PollMin), c.cfg.PollMax)
 	}
 	next := func() time.Duration {
@@ -522,7 +527,7 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 		}
 		f.env = env
 		f.cur = currency{from: f.heldAt}
-		c.calib.Observe(c.cfg.KeyClass(f.key), env.delta)
+		c.observeDelta(f, env.fence, env.delta)
 		if env.negative {
 			return nil, ErrNotFound, true
 		}
