@@ -64,8 +64,8 @@ type currency struct {
 	// fenced commit, the load began then). It answers callers that joined
 	// at or before it.
 	from time.Time
-	// unchecked: a value loaded while Redis is unreachable, which no
-	// Redis command can check. It answers every caller unless a Set or
+	// unchecked: a value loaded while Redis is unreachable (or that
+	// became so before its commit), which no Redis command can check. It answers every caller unless a Set or
 	// Invalidate of the key in this process returned after the load began
 	// (writes counted the key's write count then); writes by other
 	// processes cannot be seen without Redis. Every other value that
@@ -373,6 +373,11 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 		c.sig.commit(f.key, CommitError)
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
+		if isInfraError(err) {
+			// Redis became unreachable: like a load while it is down,
+			// nothing can check the value (see currency).
+			return currency{unchecked: true, writes: writes}
+		}
 		return currency{from: loadStart}
 	case ok == 0:
 		c.stats.fenced.Add(1)
