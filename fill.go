@@ -20,7 +20,8 @@ type Hit struct {
 
 // Fill is a rebuild that the caller performs itself, returned by
 // [Cache.Begin]: build the value, then call [Fill.Commit], or
-// [Fill.Abort] if there is none. Exactly one of them takes effect;
+// [Fill.Abort] if there is none ([Fill.Handover] if the caller gives up
+// for a reason of its own). Exactly one of them takes effect;
 // deferring Abort is safe. Until then the key's lease is held (and
 // renewed) and other callers of the key, in this process and others,
 // wait for the outcome.
@@ -127,6 +128,9 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string) (hit *Hit, err er
 		c.stats.waitTimeouts.Add(1)
 		return nil, fmt.Errorf("%w: %q: no value after waiting %v for this process's rebuild", ErrWaitTimeout, key, budget), true
 	case <-lf.done:
+	}
+	if lf.err == errHandedOver {
+		return nil, nil, false // look again: one of the waiters leads now
 	}
 	if lf.err != nil {
 		return nil, lf.err, true
@@ -254,6 +258,29 @@ func (fl *Fill) Abort(cause error) {
 			c.releaseDetached(fl.f, fl.lease, failMessage(kind, fl.lease, err.Error()), 0)
 		}
 		fl.resolve(nil, err)
+	})
+}
+
+// errHandedOver tells this process's waiters of a Fill that it ended by
+// [Fill.Handover]: they look again instead of returning an error.
+var errHandedOver = errors.New("herd: the rebuild was handed over")
+
+// Handover ends the Fill without a value and without a failure: the
+// caller building it gave up for a reason of its own (an HTTP client that
+// went away), not because the value cannot be built. The lease is
+// released at once, so a caller waiting in another process takes the
+// rebuild over, and the callers of [Cache.Begin] waiting in this process
+// look again (one of them leads) instead of getting an error. Nothing is
+// counted as a load error, and no Load is reported to the Observer.
+// Calls after the first Commit, Abort or Handover do nothing.
+func (fl *Fill) Handover() {
+	fl.once.Do(func() {
+		fl.unregister()
+		if fl.lease != nil {
+			fl.lease.finish()
+			fl.c.releaseDetached(fl.f, fl.lease, msgReleased, 0)
+		}
+		fl.resolve(nil, errHandedOver)
 	})
 }
 
