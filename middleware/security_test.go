@@ -329,9 +329,16 @@ func secKeyFor(t *testing.T, opt *Options, r *http.Request) string {
 }
 
 // secKeyOfURL is the middleware key of a plain GET of rawURL under opt.
+// The request is the one a server receives from a client given rawURL: an
+// origin-form target, with the URL's host in Host.
 func secKeyOfURL(t *testing.T, opt *Options, rawURL string, hdr ...string) string {
 	t.Helper()
-	r := httptest.NewRequest(http.MethodGet, rawURL, nil)
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodGet, u.RequestURI(), nil)
+	r.Host = u.Host
 	for i := 0; i+1 < len(hdr); i += 2 {
 		r.Header.Add(hdr[i], hdr[i+1])
 	}
@@ -1206,7 +1213,9 @@ func TestKeyInjection(t *testing.T) {
 				runs.Add(1)
 				io.WriteString(w, "ok "+r.Host)
 			})
-			srv, cl := secServe(t, rt.build(New(c, nil), h))
+			// Keys far above the default MaxKeyBytes, to show their bytes
+			// never reach Redis either.
+			srv, cl := secServe(t, rt.build(New(c, &Options{MaxKeyBytes: 1 << 20}), h))
 			for pass, want := range []string{statusStored, statusHit} {
 				for _, target := range targets {
 					r := secGet(t, cl, srv.URL+target)
@@ -1661,8 +1670,11 @@ func TestRequestBodyAndHost(t *testing.T) {
 			}{
 				{"GET http://other.%[1]s/abs HTTP/1.1\r\nHost: victim.%[1]s", "host=other.%[1]s", statusStored},
 				{"GET /abs HTTP/1.1\r\nHost: victim.%[1]s", "host=victim.%[1]s", statusStored},
-				{"GET /abs HTTP/1.1\r\nHost: other.%[1]s", "host=other.%[1]s", statusHit},
-				{"GET http://victim.%[1]s/abs HTTP/1.1\r\nHost: other.%[1]s", "host=victim.%[1]s", statusHit},
+				// An absolute-form target never shares the origin-form
+				// entry: the handler may read its URL.Scheme and URL.User.
+				{"GET /abs HTTP/1.1\r\nHost: other.%[1]s", "host=other.%[1]s", statusStored},
+				{"GET http://victim.%[1]s/abs HTTP/1.1\r\nHost: other.%[1]s", "host=victim.%[1]s", statusStored},
+				{"GET http://victim.%[1]s/abs HTTP/1.1\r\nHost: victim.%[1]s", "host=victim.%[1]s", statusHit},
 				{"GET http://OTHER.%[1]s/abs HTTP/1.1\r\nHost: other.%[1]s", "host=OTHER.%[1]s", statusStored},
 			}
 			domain := strings.ToLower(rt.name) + ".example" // the key has the host, not the server's port
