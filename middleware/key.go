@@ -225,8 +225,9 @@ func forwardedKey(r *http.Request, keyHeaders []string) string {
 // 7239), and the elements and values left empty; parameter names are
 // case-insensitive and lowered. A value that does not parse as RFC 7239
 // (pairs not separated by ';' or ',', an unterminated quoted string, a
-// bare word) is kept whole: what herd cannot parse, a lenient parser
-// behind it may read, so it stays in the key.
+// bare word) is kept whole, and so is a for= pair whose quoted value holds
+// a separator: what herd cannot parse, a lenient parser behind it may
+// read, so it stays in the key.
 func forwardedWithoutFor(values []string) []string {
 	var out []string
 	for _, v := range values {
@@ -239,7 +240,9 @@ func forwardedWithoutFor(values []string) []string {
 		for _, pairs := range elems {
 			var ps []string
 			for _, p := range pairs {
-				if !strings.HasPrefix(p, "for=") {
+				// A for= value with a separator inside its quotes is kept:
+				// a parser that is not quote-aware would read pairs in it.
+				if !strings.HasPrefix(p, "for=") || strings.ContainsAny(p[len("for="):], ",;=") {
 					ps = append(ps, p)
 				}
 			}
