@@ -6,6 +6,7 @@ package middleware
 // its "also check" list. docs/security.md maps each attack to its test.
 
 import (
+	"bufio"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -695,4 +696,56 @@ func TestClientCertificate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// FuzzRawTargetKey is A1's property on raw request lines: two requests
+// whose targets differ, byte for byte, never share a key (save for the
+// order of differently named query parameters, which the key sorts), the
+// same target always gives the same key, and no key exceeds MaxKeyBytes. Each target is
+// parsed by net/http from a raw HTTP/1.1 request, as a server reads it.
+func FuzzRawTargetKey(f *testing.F) {
+	f.Add("/docs/<img/src/onerror=alert:1>", "/docs/%3Cimg/src/onerror=alert:1%3E")
+	f.Add("/wiki/\xc3\xbc%2Fx", "/wiki/%C3%BC/x")
+	f.Add("/wiki/\xc3\xbc", "/wiki/%C3%BC")
+	f.Add("https://u:p@h/y", "/y")
+	f.Add("javascript://h/x", "/x")
+	f.Add("http://h/y", "/y")
+	f.Add("/a%2Fb", "/a/b")
+	f.Add("/a/%62", "/a/b")
+	f.Add("/a?", "/a")
+	f.Add("/q?b=2&a=1", "/q?a=1&b=2")
+	f.Add("/q?a=1&a=2", "/q?a=2&a=1")
+	f.Add("/a b", "/a%20b")
+	f.Add("//x", "/x")
+	hd := &handler{cfg: (&Options{}).resolve()}
+	read := func(target string) *http.Request {
+		r, err := http.ReadRequest(bufio.NewReader(strings.NewReader("GET " + target + " HTTP/1.1\r\nHost: h\r\n\r\n")))
+		if err != nil || r.RequestURI != target {
+			return nil
+		}
+		return r
+	}
+	f.Fuzz(func(t *testing.T, t1, t2 string) {
+		r1, r2 := read(t1), read(t2)
+		if r1 == nil || r2 == nil {
+			return // not a request line net/http accepts
+		}
+		k1, ok1 := hd.key(r1)
+		k2, ok2 := hd.key(r2)
+		if !ok1 || !ok2 {
+			return // bypassed (too long)
+		}
+		if again, _ := hd.key(read(t1)); again != k1 {
+			t.Fatalf("target %q: the key is not deterministic", t1)
+		}
+		if len(k1) > hd.cfg.MaxKeyBytes {
+			t.Fatalf("target %q: key of %d bytes, above MaxKeyBytes", t1, len(k1))
+		}
+		p1, q1, has1 := strings.Cut(t1, "?")
+		p2, q2, has2 := strings.Cut(t2, "?")
+		same := t1 == t2 || (p1 == p2 && has1 == has2 && canonicalQuery(q1) == canonicalQuery(q2))
+		if (k1 == k2) != same {
+			t.Fatalf("targets %q and %q: same key %v, want %v (only the order of differently named parameters may differ):\n%q\n%q", t1, t2, k1 == k2, same, k1, k2)
+		}
+	})
 }

@@ -258,28 +258,39 @@ func precondition(r *http.Request, e *entry) int {
 	if e.status/100 != 2 {
 		return 0
 	}
-	etag := headerGet(e.header, "Etag")
-	lastMod, lmErr := http.ParseTime(headerGet(e.header, "Last-Modified"))
-	if im := strings.Join(r.Header.Values("If-Match"), ","); im != "" {
-		if !etagMatchStrong(im, etag) {
+	// modifiedAfter reports whether e was last modified after the date in
+	// the request field (false when either date is missing or invalid).
+	modifiedAfter := func(field string) (after, ok bool) {
+		v := r.Header.Get(field)
+		if v == "" {
+			return false, false
+		}
+		t, err := http.ParseTime(v)
+		if err != nil {
+			return false, false
+		}
+		lm, err := http.ParseTime(headerGet(e.header, "Last-Modified"))
+		if err != nil {
+			return false, false
+		}
+		return lm.After(t), true
+	}
+	if im := r.Header.Values("If-Match"); len(im) > 0 {
+		if !etagMatchStrong(strings.Join(im, ","), headerGet(e.header, "Etag")) {
 			return http.StatusPreconditionFailed
 		}
-	} else if ius := r.Header.Get("If-Unmodified-Since"); ius != "" && lmErr == nil {
-		if t, err := http.ParseTime(ius); err == nil && lastMod.After(t) {
-			return http.StatusPreconditionFailed
-		}
+	} else if after, ok := modifiedAfter("If-Unmodified-Since"); ok && after {
+		return http.StatusPreconditionFailed
 	}
 	if e.status != http.StatusOK {
 		return 0
 	}
-	if inm := strings.Join(r.Header.Values("If-None-Match"), ","); inm != "" {
-		if etagMatch(inm, etag) {
+	if inm := r.Header.Values("If-None-Match"); len(inm) > 0 {
+		if etagMatch(strings.Join(inm, ","), headerGet(e.header, "Etag")) {
 			return http.StatusNotModified
 		}
-	} else if ims := r.Header.Get("If-Modified-Since"); ims != "" && lmErr == nil {
-		if t, err := http.ParseTime(ims); err == nil && !lastMod.After(t) {
-			return http.StatusNotModified
-		}
+	} else if after, ok := modifiedAfter("If-Modified-Since"); ok && !after {
+		return http.StatusNotModified
 	}
 	return 0
 }
