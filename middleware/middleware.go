@@ -16,50 +16,76 @@
 //
 // Only GET and HEAD requests are looked up (HEAD is served from the GET
 // entry, without a body); other methods pass through untouched. Requests
-// with Authorization or Cookie bypass the cache unless
-// [Options.AllowAuthorized] is set or that header is part of the key, as
-// do requests with a body, a Range header, or for which KeyFunc says no.
-// A response is stored only if its status has a TTL (by default 200
-// and 301 for TTL, 404 for a short NotFoundTTL; never 5xx or 206), its
-// body fits [Options.MaxBodyBytes], it sets no cookie, its Cache-Control
-// is not private, no-store or no-cache, every header it varies on (Vary)
-// is part of the key, and the handler neither flushed nor hijacked.
-// Hop-by-hop headers, Set-Cookie, Date and Age are never stored; Date is
-// regenerated and Age computed when serving.
+// bypass the cache when they carry Authorization, Cookie or a TLS client
+// certificate (unless [Options.AllowAuthorized] is set or that header is
+// part of the key), a body (of any length, in any protocol: an HTTP/2
+// GET with DATA frames too), a Range header, a method override
+// (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override), a key above
+// [Options.MaxKeyBytes], or when KeyFunc says no; [Options.OnBypass]
+// counts them. A response is stored only if its status has a TTL (by
+// default 200 and 301 for TTL, 404 for a short NotFoundTTL; never 5xx or
+// 206), its body fits [Options.MaxBodyBytes], it carries none of
+// Set-Cookie, Set-Cookie2, Clear-Site-Data, Authentication-Info,
+// WWW-Authenticate or Proxy-Authenticate (under any case, with any
+// value), its Cache-Control is not private, no-store or no-cache and
+// gives no s-maxage or max-age of 0, every header the handler varies on
+// (Vary) is part of the key, and the handler neither flushed nor hijacked.
+// A must-revalidate or proxy-revalidate response is never served stale,
+// nor past the max-age it states. Hop-by-hop headers, the per-user fields
+// above, Date and Age are never stored; Date is regenerated and Age
+// computed when serving.
 //
 // # How waiting requests are served
 //
 // The first request for a cold URL runs the handler, in its own goroutine
-// (so a panic reaches an outer Recoverer as usual). Requests that arrive
-// meanwhile wait for its response, in this instance and in others. If the
-// response cannot be shared (it set a cookie, is private, streamed, or
-// outgrew MaxBodyBytes), the waiters run the handler themselves: as soon
-// as it starts streaming or outgrows MaxBodyBytes, not when it ends. If it
-// failed (a 5xx, a panic, the client went away), each waiter asks once
-// more: one of them leads a new rebuild and the others wait for it. A
-// waiter whose second wait ends in a failure too gets
-// [Options.ErrorHandler]'s response; one that wins the key's lease after
-// that failure instead runs the handler, so a failing handler runs one
-// request at a time, never one per waiter. No wait outlasts
+// (so a panic reaches an outer Recoverer as usual), on a copy of the
+// request without its conditional header fields (If-None-Match,
+// If-Modified-Since, If-Match, If-Unmodified-Since, If-Range): the entry
+// it builds is the full response, and herd answers each request's
+// conditionals from it (304, or 412 for a failed If-Match or
+// If-Unmodified-Since). Requests that arrive meanwhile wait for its
+// response, in this instance and in others. If the response cannot be
+// shared (it set a cookie, is private, streamed, or outgrew
+// MaxBodyBytes), the waiters run the handler themselves: as soon as it
+// starts streaming or outgrows MaxBodyBytes, not when it ends. If the
+// leading request's client goes away before the response is complete,
+// the rebuild is handed over ([herd.Fill.Handover]): one of the waiters,
+// in any instance, leads at once, and no failure is counted, so clients
+// that hang up on purpose fail nobody. If it failed (a 5xx, a panic),
+// each waiter asks once more: one of them leads a new rebuild and the
+// others wait for it. A waiter whose second wait ends in a failure too
+// gets [Options.ErrorHandler]'s response; one that wins the key's lease
+// after that failure instead runs the handler, so a failing handler runs
+// one request at a time, never one per waiter. No wait outlasts
 // [Options.WaitTimeout]; then the request runs the handler itself.
 //
 // Responses carry Cache-Status (RFC 9211): "herd; hit", "herd;
 // fwd=stale" (a stale response served while one refresh runs), "herd;
 // fwd=miss" (stored when it was stored; collapsed when the request waited
 // for another's response), or "herd; fwd=bypass". Served entries carry an
-// ETag (the handler's, or a hash of the body) and answer If-None-Match
-// with 304.
+// ETag (the handler's, or a hash of the body).
 //
 // # Security
 //
-// The key is scheme, host, path and canonical query, plus
-// [Options.KeyHeaders] and the forwarding headers a request carries
-// (X-Forwarded-Host and the like; see [Options.IgnoreForwardedHeaders]),
-// so a request with a forged X-Forwarded-Host never shares an entry with
-// requests without it. A handler must not read other request headers that
-// are not in the key on a cached route: the response of the first request
-// would be served to everyone. Responses that vary on a header outside
-// the key are not stored.
+// The key is scheme, host, the request target exactly as the server
+// received it (r.RequestURI: raw bytes, percent-encoding and an
+// absolute-form scheme and user info included) with its query's
+// parameters sorted, the URL the handler sees when a middleware rewrote
+// it (http.StripPrefix), [Options.KeyHeaders], and the forwarding headers
+// a request carries (X-Forwarded-Host and the like; see
+// [Options.IgnoreForwardedHeaders]). So two requests share an entry only
+// if every router and handler sees the same request: a raw "<" and its
+// %3C form, %2F and /, a raw byte and its escape never do, whatever the
+// router routes on. A request with a forged X-Forwarded-Host never shares
+// an entry with requests without it. A handler must not read other
+// request headers that are not in the key on a cached route: the response
+// of the first request would be served to everyone. Responses that vary
+// on a header outside the key are not stored; a Vary an outer middleware
+// set before calling the handler (a CORS middleware's Vary: Origin) is
+// that middleware's, not the handler's, and does not count (list Origin
+// in KeyHeaders if the handler itself reads it). docs/security.md in the
+// repository has the threat model, each attack with its defence and test,
+// and the limits that remain.
 package middleware
 
 import (
@@ -97,7 +123,8 @@ type Options struct {
 
 	// StaleFor keeps a response servable that long after it goes stale:
 	// a stale hit is served at once while one request in the cluster
-	// refreshes it in the background. Default: 0.
+	// refreshes it in the background. Never for a response that says
+	// must-revalidate or proxy-revalidate. Default: 0.
 	StaleFor time.Duration
 
 	// StatusTTL maps the response statuses that may be stored to their
@@ -131,13 +158,17 @@ type Options struct {
 	MaxBodyBytes int
 
 	// RespectCacheControl takes a stored response's TTL from its
-	// s-maxage or max-age (0 means not stored) instead of StatusTTL.
+	// s-maxage or max-age instead of StatusTTL. Without it, those only
+	// matter when they are 0 (never stored) or the response says
+	// must-revalidate or proxy-revalidate (the TTL is at most what they
+	// state).
 	RespectCacheControl bool
 
-	// AllowAuthorized lets requests with Authorization or Cookie use the
-	// cache. A response to a request with Authorization or Cookie that is
-	// not part of the key is then stored only if it says public, s-maxage
-	// or must-revalidate (RFC 9111 §3.5).
+	// AllowAuthorized lets requests with Authorization, Cookie or a TLS
+	// client certificate use the cache. A response to a request with
+	// credentials that are not part of the key is then stored only if it
+	// says public, s-maxage or must-revalidate (RFC 9111 §3.5), and, like
+	// every response, not if its s-maxage or max-age is 0.
 	AllowAuthorized bool
 
 	// WaitTimeout bounds how long a request waits for another request's
@@ -151,10 +182,11 @@ type Options struct {
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 
 	// IgnoreForwardedHeaders leaves the forwarding headers out of the
-	// key: Forwarded (without its for= parameters), Front-End-Https,
-	// X-Forwarded-Host, -Port, -Prefix, -Proto, -Scheme, -Server and
-	// -Ssl, X-Host, X-Http-Host-Override, X-Original-Host,
-	// X-Original-URL, X-Rewrite-URL and X-Url-Scheme. By default each of
+	// key: Forwarded (without its for= parameters, when it parses as RFC
+	// 7239; a value that does not is keyed whole), Front-End-Https,
+	// X-Forwarded-Host, -Path, -Port, -Prefix, -Proto, -Scheme, -Server,
+	// -Ssl and -Uri, X-Host, X-Http-Host-Override, X-Original-Host,
+	// X-Original-URI, X-Original-URL, X-Rewrite-URL and X-Url-Scheme. By default each of
 	// them a request carries is part of its key, as if listed in
 	// KeyHeaders, so that a client forging one (the classic cache
 	// poisoning request) only ever gets its own entry; behind a proxy
