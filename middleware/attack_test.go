@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -748,4 +749,25 @@ func FuzzRawTargetKey(f *testing.F) {
 			t.Fatalf("targets %q and %q: same key %v, want %v (only the order of differently named parameters may differ):\n%q\n%q", t1, t2, k1 == k2, same, k1, k2)
 		}
 	})
+}
+
+// TestKeyBoundHeap is A8's memory figure: 24 requests with 512 KiB
+// queries (12 MiB of keys) leave the heap as it was after GC, since none
+// of them is keyed. Before MaxKeyBytes the heap kept 12.3 MiB of them
+// (the calibration's per-key classes).
+func TestKeyBoundHeap(t *testing.T) {
+	c, _ := newCache(t, nil)
+	h := New(c, nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "x") }))
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range 24 {
+		r := httptest.NewRequest(http.MethodGet, fmt.Sprintf("/heap?r=%d&q=%s", i, strings.Repeat("a", 512<<10)), nil)
+		h.ServeHTTP(httptest.NewRecorder(), r)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	if grew := int64(after.HeapAlloc) - int64(before.HeapAlloc); grew > 6<<20 {
+		t.Errorf("the heap grew by %.1f MiB after 24 requests with 512 KiB queries, want under 6 MiB", float64(grew)/(1<<20))
+	}
 }

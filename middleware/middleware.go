@@ -321,11 +321,9 @@ type handler struct {
 	next http.Handler
 }
 
-// Causes of a leader's failure after which one waiter leads instead.
-var (
-	errServerError = errors.New("herd/middleware: the handler answered with a server error")
-	errClientGone  = errors.New("herd/middleware: the leading request's client went away")
-)
+// errServerError is the cause of a leader's failure after which one
+// waiter leads instead.
+var errServerError = errors.New("herd/middleware: the handler answered with a server error")
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, why := h.keyOrBypass(r)
