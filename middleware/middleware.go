@@ -397,25 +397,25 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	if !h.cfg.AllowAuthorized && h.unkeyedCredentials(r) {
 		return "", BypassCredentials
 	}
-	max := h.cfg.MaxKeyBytes
+	limit := h.cfg.MaxKeyBytes
 	if h.cfg.KeyFunc != nil {
 		k, ok := h.cfg.KeyFunc(r)
 		switch {
 		case !ok || k == "":
 			return "", BypassKeyFunc
-		case len(k) > max:
+		case len(k) > limit:
 			return "", BypassKeyTooLarge
 		}
 		return "herd-http/custom|" + k, ""
 	}
-	if targetLen(r)+len(r.Host) > max {
+	if targetLen(r)+len(r.Host) > limit {
 		return "", BypassKeyTooLarge // before any work on the query
 	}
 	k := defaultKey(r, h.cfg.keyHeaders)
 	if !h.cfg.IgnoreForwardedHeaders {
 		k += forwardedKey(r, h.cfg.keyHeaders)
 	}
-	if len(k) > max {
+	if len(k) > limit {
 		return "", BypassKeyTooLarge
 	}
 	return k, ""

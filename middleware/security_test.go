@@ -1987,6 +1987,7 @@ func TestInvalidOptions(t *testing.T) {
 		{"negative NotFoundTTL", c, &Options{NotFoundTTL: -1}},
 		{"negative WaitTimeout", c, &Options{WaitTimeout: -1}},
 		{"negative MaxBodyBytes", c, &Options{MaxBodyBytes: -1}},
+		{"negative MaxKeyBytes", c, &Options{MaxKeyBytes: -1}},
 		{"StatusTTL 500", c, &Options{StatusTTL: map[int]time.Duration{200: time.Minute, 500: time.Minute}}},
 		{"StatusTTL 503", c, &Options{StatusTTL: map[int]time.Duration{503: time.Minute}}},
 		{"StatusTTL 206", c, &Options{StatusTTL: map[int]time.Duration{206: time.Minute}}},
