@@ -293,6 +293,8 @@ func secWaitForState(t *testing.T, what string, cond func() (bool, string)) {
 // this process (Cache.waitLocalFill, in a select: one that the Fill's end
 // has woken is runnable and no longer counts), or following a lease
 // holder through Redis (Cache.follow, in any state: it polls Redis).
+// Begin may run its lookup in a goroutine of its own: that goroutine
+// counts for the request goroutine that created it.
 func secWaiting() int {
 	buf := make([]byte, 1<<20)
 	for {
@@ -303,9 +305,21 @@ func secWaiting() int {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	n := 0
+	stacks := map[string]string{} // goroutine id → its stack
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, "secOuter") {
+		if id, _, ok := strings.Cut(strings.TrimPrefix(g, "goroutine "), " "); ok {
+			stacks[id] = g
+		}
+	}
+	const createdByBegin = "created by github.com/herdkit/herd.(*Cache).Begin in goroutine "
+	n := 0
+	for _, g := range stacks {
+		ours := strings.Contains(g, "secOuter")
+		if i := strings.Index(g, createdByBegin); i >= 0 {
+			parent, _, _ := strings.Cut(g[i+len(createdByBegin):], "\n")
+			ours = strings.Contains(stacks[strings.TrimSpace(parent)], "secOuter")
+		}
+		if !ours {
 			continue
 		}
 		local := strings.Contains(g, "herd.(*Cache).waitLocalFill(")
