@@ -2,7 +2,7 @@ package middleware
 
 // Regression tests of the attacks of issue 14 ("HTTP cache security") and
 // of issue 12's defect 11, each on http.ServeMux and on chi (secRouters),
-// on a real redis-server. Rows A1–A9 follow the issue's items; A10–A13
+// on a real redis-server. Rows A1–A9 follow the issue's items; A10–A12
 // its "also check" list. docs/security.md maps each attack to its test.
 
 import (
