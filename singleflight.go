@@ -42,9 +42,12 @@ type flight struct {
 	// awaited is the fence of the leader a follower waits for (from the
 	// held ACQUIRE reply): its failure, by message or by the failure marker
 	// a follower finds when it looks, ends the wait; failures of other
-	// leaders do not. A wake-up carrying an older envelope is ignored.
-	awaited      string
-	awaitedFence uint64
+	// leaders do not. floor is the key's fence counter at the last
+	// ACQUIRE that found the lease held: a wake-up carrying an envelope
+	// with a lower fence predates a write (or a lease) that came before
+	// that look, so it is ignored.
+	awaited string
+	floor   uint64
 
 	// Read-your-writes. seen is when the Redis command whose reply the
 	// flight is deciding on was sent; heldAt is when the last ACQUIRE that
@@ -166,12 +169,12 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 		sent = time.Now()
 		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, "")
 	}
-	if r.holder != "" && r.holder != f.awaited {
+	if r.holder != "" {
 		f.awaited = r.holder
-		f.awaitedFence, _ = strconv.ParseUint(r.holder, 10, 64)
 	}
 	if errors.Is(err, ErrLeaseHeld) {
 		f.heldAt = sent
+		f.floor = max(f.floor, r.counter)
 	}
 	if err == nil && r.lease == nil {
 		f.seen = sent
@@ -524,10 +527,10 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 	switch nt.payload[0] {
 	case msgValue:
 		env, ok := decodeEnvelope([]byte(nt.payload[1:]))
-		if !ok || env.fence < f.awaitedFence {
-			// Unreadable, or an envelope older than the rebuild this
-			// follower waits for (a message queued before a newer
-			// Invalidate or lease): look at Redis instead.
+		if !ok || env.fence < f.floor {
+			// Unreadable, or an envelope older than the key's fence when
+			// this follower last looked (a message queued before a newer
+			// Set, Invalidate or lease): look at Redis instead.
 			return nil, nil, false
 		}
 		f.env = env
