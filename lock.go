@@ -12,9 +12,10 @@ import (
 //
 // TryAcquire fails at once, with an error wrapping [ErrLeaseHeld], when
 // another owner holds key; Acquire waits for it, bounded by ctx and by the
-// backend's wait limit. After Close, Acquire returns [ErrClosed] (a
-// Redlock: every call). The guarantees differ by backend: see each
-// backend's documentation.
+// backend's wait limit. Close frees the backend's resources; what a call
+// after it does is the backend's (a Redlock returns [ErrClosed] for every
+// call). The guarantees differ by backend too: see each one's
+// documentation.
 type Lock[L LeaseHandle] interface {
 	TryAcquire(ctx context.Context, key string, ttl time.Duration) (L, error)
 	Acquire(ctx context.Context, key string, ttl time.Duration) (L, error)

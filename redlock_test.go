@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -343,48 +346,119 @@ func TestRedlockRestartRule(t *testing.T) {
 	})
 }
 
-// TestRedlockPausedHolderFenced is the seed's pause scenario: holder A
-// stops (a GC pause, a stalled VM) past its validity without renewing; B
-// then gets the lock with a higher token and writes; A wakes and writes
-// with its old token, and the FencedStore (on a separate Redis) rejects it.
+// TestRedlockPausedHolderFenced is the seed's pause scenario with a real
+// process: holder A (a worker process) takes the lock with KeepAlive,
+// writes to a FencedStore on a separate Redis, and is SIGSTOPped (a GC
+// pause, a stalled VM), so its renewals stop and its validity runs out.
+// B then gets the lock with a higher token and writes. A is resumed,
+// writes with its old token, and the FencedStore rejects it.
 func TestRedlockPausedHolderFenced(t *testing.T) {
 	g := startRedlockRig(t, 5)
-	ra, rb := g.redlock(nil), g.redlock(nil)
-	store := NewFencedStore(redistest.Start(t).Client(t), "")
+	side := redistest.Start(t)
+	sideRDB := side.Client(t)
+	store := NewFencedStore(sideRDB, "")
 	ctx := context.Background()
-	key := testKey(t)
+	key := "paused-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	const ttl = 500 * time.Millisecond
 
-	a, err := ra.TryAcquire(ctx, key, ttl)
-	if err != nil {
+	addrs := make([]string, len(g.srvs))
+	for i, s := range g.srvs {
+		addrs[i] = s.Addr()
+	}
+	p := startWorkers(t, 1, "redlock-holder", envAddr+"="+side.Addr(), envKey+"="+key,
+		envMasters+"="+strings.Join(addrs, ","), envDuration+"="+ttl.String())
+	var tokenA uint64
+	waitFor(t, 30*time.Second, "the holder's lease and first write", func() bool {
+		tokenA, _ = sideRDB.Get(ctx, key+":token").Uint64()
+		return tokenA != 0
+	})
+	pid := p.pids()[0]
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
-	if err := store.Set(ctx, key, a.Token(), []byte("A1"), 0); err != nil {
-		t.Fatalf("A's first write: %v", err)
-	}
-	<-a.Lost() // A is "paused": no renewal, its validity runs out
+	resumed := false
+	defer func() {
+		if !resumed {
+			syscall.Kill(pid, syscall.SIGCONT)
+		}
+	}()
 
-	b, err := rb.Acquire(ctx, key, 5*time.Second)
+	b, err := g.redlock(nil).Acquire(ctx, key, 5*time.Second) // waits out A's leases
 	if err != nil {
 		t.Fatalf("B: %v", err)
 	}
 	defer b.Release(ctx)
-	if b.Token() <= a.Token() {
-		t.Fatalf("B's token %d is not above A's %d", b.Token(), a.Token())
+	if b.Token() <= tokenA {
+		t.Fatalf("B's token %d is not above A's %d", b.Token(), tokenA)
 	}
 	if err := store.Set(ctx, key, b.Token(), []byte("B"), 0); err != nil {
 		t.Fatalf("B's write: %v", err)
 	}
-	if err := store.Set(ctx, key, a.Token(), []byte("A2"), 0); !errors.Is(err, ErrFenced) {
-		t.Fatalf("A's late write: %v, want ErrFenced", err)
+	if err := sideRDB.RPush(ctx, key+":wake", "1").Err(); err != nil {
+		t.Fatal(err)
 	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	p.wait(time.Minute) // the worker fails unless its late write was fenced
 	got, tok, err := store.Get(ctx, key)
 	if err != nil || string(got) != "B" || tok != b.Token() {
 		t.Errorf("stored %q token %d (%v), want B's write", got, tok, err)
 	}
-	if err := a.Release(ctx); !errors.Is(err, ErrLeaseLost) {
-		t.Errorf("A's Release: %v, want ErrLeaseLost (B holds it)", err)
+	if late, _ := sideRDB.Get(ctx, key+":late").Result(); !strings.Contains(late, ErrFenced.Error()) {
+		t.Errorf("A's late write: %q, want it fenced", late)
 	}
+}
+
+// envMasters lists the Redlock masters of a worker, comma-separated.
+const envMasters = "HERD_TEST_MASTERS"
+
+func init() { workerRoles["redlock-holder"] = redlockHolderWorker }
+
+// redlockHolderWorker takes the Redlock on envKey for envDuration with
+// KeepAlive, writes "A1" to the FencedStore at envAddr, publishes its
+// token, then blocks until the test wakes it (it is SIGSTOPped meanwhile)
+// and writes "A2" with the same token, as a holder that ignores Lost
+// would. It records that write's error and fails unless it was fenced.
+func redlockHolderWorker(ctx context.Context, _ string) error {
+	key := os.Getenv(envKey)
+	ttl, err := time.ParseDuration(os.Getenv(envDuration))
+	if err != nil {
+		return err
+	}
+	side := redis.NewClient(&redis.Options{Addr: os.Getenv(envAddr)})
+	defer side.Close()
+	var masters []redis.UniversalClient
+	for _, addr := range strings.Split(os.Getenv(envMasters), ",") {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		defer c.Close()
+		masters = append(masters, c)
+	}
+	rl := NewRedlock(masters, &RedlockOptions{NodeTimeout: testNodeTimeout})
+	defer rl.Close()
+	lease, err := rl.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		return err
+	}
+	lease.KeepAlive(time.Minute)
+	store := NewFencedStore(side, "")
+	if err := store.Set(ctx, key, lease.Token(), []byte("A1"), 0); err != nil {
+		return fmt.Errorf("first write: %w", err)
+	}
+	if err := side.Set(ctx, key+":token", lease.Token(), time.Minute).Err(); err != nil {
+		return err
+	}
+	if err := side.BLPop(ctx, time.Minute, key+":wake").Err(); err != nil {
+		return fmt.Errorf("waiting to be woken: %w", err)
+	}
+	err = store.Set(ctx, key, lease.Token(), []byte("A2"), 0)
+	side.Set(ctx, key+":late", fmt.Sprint(err), time.Minute)
+	_ = lease.Release(ctx)
+	if !errors.Is(err, ErrFenced) {
+		return fmt.Errorf("late write with token %d: %v, want ErrFenced", lease.Token(), err)
+	}
+	return nil
 }
 
 // TestRedlockContention: 3 Redlocks (3 "processes", each with its own
