@@ -38,7 +38,7 @@ func startRedlockRig(t *testing.T, n int) *redlockRig {
 
 // testNodeTimeout is generous: a loaded 2-core machine under -race must
 // not turn a healthy master into a missing one.
-const testNodeTimeout = 250 * time.Millisecond
+const testNodeTimeout = time.Second
 
 // redlock returns a new Redlock over the rig's masters, with its own
 // clients (as another process would have), closed when the test ends.
@@ -222,7 +222,7 @@ func TestRedlockThreeMastersKilled(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	key := testKey(t)
-	held, err := r.TryAcquire(ctx, key+"held", 5*time.Second)
+	held, err := r.TryAcquire(ctx, key+"held", time.Minute) // valid through the test
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestRedlockThreeMastersKilled(t *testing.T) {
 			}
 		}
 	}
-	if err := held.Extend(ctx, 5*time.Second); !errors.Is(err, ErrNoQuorum) {
+	if err := held.Extend(ctx, time.Minute); !errors.Is(err, ErrNoQuorum) {
 		t.Errorf("Extend: %v, want ErrNoQuorum", err)
 	}
 	if isClosed(held.Lost()) {
@@ -260,7 +260,7 @@ func TestRedlockThreeMastersKilled(t *testing.T) {
 // timeouts, so only the Redlock's own bound ends the calls to it.
 func TestRedlockPausedMaster(t *testing.T) {
 	g := startRedlockRig(t, 5)
-	r := g.redlock(&RedlockOptions{NodeTimeout: testNodeTimeout})
+	r := g.redlock(&RedlockOptions{NodeTimeout: 500 * time.Millisecond})
 	g.srvs[2].Pause(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -359,7 +359,7 @@ func TestRedlockPausedHolderFenced(t *testing.T) {
 	store := NewFencedStore(sideRDB, "")
 	ctx := context.Background()
 	key := "paused-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	const ttl = 500 * time.Millisecond
+	const ttl = time.Second
 
 	addrs := make([]string, len(g.srvs))
 	for i, s := range g.srvs {
