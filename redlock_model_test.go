@@ -67,13 +67,18 @@ type rlModelAttempt struct {
 	raised   []nodeReply
 	startSeq int
 
-	won        bool
-	lease      *RedlockLease
-	wonSeq     int
-	wonAt      time.Duration
-	end        time.Duration // end of validity as the holder knows it (deadline, or release)
-	released   bool
-	extensions int
+	won      bool
+	lease    *RedlockLease
+	wonSeq   int
+	wonAt    time.Duration
+	end      time.Duration // end of validity as the holder knows it (deadline, or release)
+	endSeq   int           // 0 for a deadline (no action at that time is valid), the release's seq
+	released bool
+}
+
+// before orders two instants of the model, (time, seq), lexicographically.
+func before(at1 time.Duration, seq1 int, at2 time.Duration, seq2 int) bool {
+	return at1 < at2 || (at1 == at2 && seq1 < seq2)
 }
 
 // nodeHook makes a master unreachable while the model says it is down, and
@@ -270,7 +275,6 @@ func TestModelRedlock(t *testing.T) {
 				ttl := time.Duration(rapid.IntRange(10, 30).Draw(t, "ttl_s")) * time.Second
 				if err := at.lease.Extend(ctx, ttl); err == nil {
 					at.end = at.lease.Deadline().Sub(rlModelEpoch)
-					at.extensions++
 				}
 			},
 			"Release": func(t *rapid.T) {
@@ -278,8 +282,9 @@ func TestModelRedlock(t *testing.T) {
 				if at == nil {
 					return
 				}
+				m.seq++
 				at.released = true
-				at.end = m.now
+				at.end, at.endSeq = m.now, m.seq
 				_ = at.lease.Release(ctx)
 			},
 			"Advance": func(t *rapid.T) {
@@ -353,10 +358,12 @@ func (m *rlModel) check(t *rapid.T) {
 			if b.wonSeq < a.startSeq && tb >= ta {
 				t.Fatalf("A began after B won but got a lower token: %s", desc)
 			}
-			if a.wonAt < b.end && b.wonAt < a.end {
+			aFirst := !before(b.wonAt, b.wonSeq, a.end, a.endSeq) // A's validity ended before B's began
+			bFirst := !before(a.wonAt, a.wonSeq, b.end, b.endSeq)
+			if !aFirst && !bFirst {
 				t.Fatalf("two holders at once: %s", desc)
 			}
-			if (a.end <= b.wonAt) != (ta < tb) {
+			if aFirst && ta > tb || bFirst && tb > ta {
 				t.Fatalf("tokens out of the holders' order: %s", desc)
 			}
 		}
