@@ -73,8 +73,19 @@ var (
 	// loads locally instead.
 	ErrUnavailable = errors.New("herd: redis unavailable")
 
+	// ErrNoQuorum is returned by [Redlock] calls when fewer than a quorum
+	// (N/2+1) of its masters answered in time, joined with the masters'
+	// errors: TryAcquire and Acquire (which then holds nothing: what it
+	// took is released), [RedlockLease.Extend] (the lease is left as it
+	// was; Lost closes when its validity runs out) and
+	// [RedlockLease.Release] (the masters that did not answer keep the
+	// lease until it expires). It also wraps an acquire that a quorum
+	// granted only after the lease's validity was spent.
+	ErrNoQuorum = errors.New("herd: no quorum of Redis masters")
+
 	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
-	// its Close.
+	// its Close, and by every call on a [Redlock] or its leases after the
+	// Redlock's Close.
 	ErrClosed = errors.New("herd: closed")
 )
 
