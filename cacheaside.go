@@ -225,7 +225,9 @@ const writeMarkerTTL = time.Minute
 // Set stores val under key for ttl, in one round trip. It advances the
 // key's fence first, so a rebuild that started before Set can never
 // overwrite val, and wakes callers waiting on the key. Errors: those of
-// Get's arguments, [ErrValueTooLarge], or the wrapped Redis error.
+// Get's arguments, [ErrValueTooLarge], or the wrapped Redis error. When
+// ctx ends first, Set returns at once with an error wrapping ctx.Err();
+// the write may still land.
 func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
 	if err := checkTTL(ttl); err != nil {
 		return err
@@ -239,10 +241,11 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 	}
 	ttl = c.jitter(ttl)
 	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).encode()
-	err = setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
-		env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds()).Err()
-	c.wrote(key) // even on an error: the write may have run
+	err = c.untilDone(ctx, key, func() error {
+		return setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
+			env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
+			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds()).Err()
+	})
 	if err != nil {
 		return fmt.Errorf("herd: set %q: %w", key, err)
 	}
@@ -252,19 +255,56 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 // Invalidate deletes key's value and advances its fence, in one round
 // trip: a rebuild in flight when Invalidate runs cannot write its value
 // afterwards (the stale-set race that memcache leases close); the next Get
-// loads again. Errors: [ErrInvalidKey] or the wrapped Redis error.
+// loads again. Errors: [ErrInvalidKey] or the wrapped Redis error. When
+// ctx ends first, Invalidate returns at once with an error wrapping
+// ctx.Err(); the write may still land.
 func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	keys, err := makeKeys(c.cfg.Prefix, key)
 	if err != nil {
 		return err
 	}
-	err = invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
-		c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds()).Err()
-	c.wrote(key) // even on an error: the write may have run
+	err = c.untilDone(ctx, key, func() error {
+		return invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
+			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds()).Err()
+	})
 	if err != nil {
 		return fmt.Errorf("herd: invalidate %q: %w", key, err)
 	}
 	return nil
+}
+
+// untilDone runs write, a Set or Invalidate of key, and returns its error,
+// or ctx.Err() as soon as ctx ends: go-redis does not give up a command
+// it has sent when its context is cancelled. The write may then still
+// land. Either way the key's local write count is raised before untilDone
+// returns, and again when the write ends (see currency).
+func (c *Cache) untilDone(ctx context.Context, key string, write func() error) error {
+	if ctx.Done() == nil {
+		err := write()
+		c.wrote(key) // even on an error: the write may have run
+		return err
+	}
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		return ErrClosed
+	}
+	c.wg.Add(1)
+	c.mu.RUnlock()
+	done := make(chan error, 1)
+	go func() {
+		defer c.wg.Done()
+		err := write()
+		c.wrote(key)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		c.wrote(key)
+		return ctx.Err()
+	}
 }
 
 // writesOf returns the count of this Cache's returned writes of key's
