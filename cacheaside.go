@@ -118,8 +118,9 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 // key at a time; the others get its value. The value is stored for ttl.
 //
 // Get returns at once with an error for an empty key ([ErrInvalidKey]), a
-// ttl under a millisecond ([ErrInvalidTTL]: herd does not coalesce without
-// storing) or a nil load ([ErrNilLoader]). It returns ctx.Err() when ctx
+// ttl under a millisecond or over 50 years ([ErrInvalidTTL]: herd does not
+// coalesce without storing), a nil load ([ErrNilLoader]) or a closed Cache
+// ([ErrClosed]). It returns ctx.Err() when ctx
 // ends first; the rebuild goes on for the other callers. A loader error
 // or panic reaches every caller of that rebuild wrapped in
 // [ErrLoadFailed]; [ErrNotFound] from the loader is returned as is and
@@ -204,8 +205,12 @@ func Fetch[T any](ctx context.Context, c *Cache, key string, ttl time.Duration, 
 // Set stores val under key for ttl, in one round trip. It advances the
 // key's fence first, so a rebuild that started before Set can never
 // overwrite val, and wakes callers waiting on the key. Errors: those of
-// Get's arguments, [ErrValueTooLarge], or the wrapped Redis error.
+// Get's arguments, [ErrValueTooLarge], [ErrClosed] after Close, or the
+// wrapped Redis error.
 func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
+	if c.isClosed() {
+		return ErrClosed
+	}
 	if err := checkTTL(ttl); err != nil {
 		return err
 	}
@@ -230,8 +235,12 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 // Invalidate deletes key's value and advances its fence, in one round
 // trip: a rebuild in flight when Invalidate runs cannot write its value
 // afterwards (the stale-set race that memcache leases close); the next Get
-// loads again. Errors: [ErrInvalidKey] or the wrapped Redis error.
+// loads again. Errors: [ErrInvalidKey], [ErrClosed] after Close, or the
+// wrapped Redis error.
 func (c *Cache) Invalidate(ctx context.Context, key string) error {
+	if c.isClosed() {
+		return ErrClosed
+	}
 	keys, err := makeKeys(c.cfg.Prefix, key)
 	if err != nil {
 		return err
@@ -246,8 +255,10 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other
-// processes at once), and stops the pub/sub connection. Later calls return
-// [ErrClosed]. Close is idempotent. It does not close the Redis client.
+// processes at once), and stops the pub/sub connection. Every later call
+// of Get, [Fetch], Begin, Set and Invalidate returns [ErrClosed], without
+// touching Redis; a Fill that Close aborted reports it. Close is
+// idempotent. It does not close the Redis client.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -261,6 +272,13 @@ func (c *Cache) Close() error {
 	c.wg.Wait()
 	c.abortOpenFills() // Fills that a Begin already running made meanwhile
 	return c.locker.Close()
+}
+
+// isClosed reports whether Close was called.
+func (c *Cache) isClosed() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.closed
 }
 
 // Stats returns the Cache's counters since New.

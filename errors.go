@@ -13,8 +13,11 @@ var (
 	ErrInvalidKey = errors.New("herd: invalid key")
 
 	// ErrInvalidTTL is returned, at once and without touching Redis, for a
-	// lease length or time-to-live that is zero or negative, or shorter than
-	// the millisecond Redis counts in.
+	// time-to-live or lease length herd cannot store: a value's ttl must be
+	// between 1ms (Redis counts in milliseconds) and 50 years (so that
+	// ttl + [Options.StaleFor] and the fence's TTL cannot overflow), a
+	// lease's between 10ms (herd subtracts 1% + 2ms of every lease for
+	// clock drift) and 50 years. The error names the range.
 	ErrInvalidTTL = errors.New("herd: invalid ttl")
 
 	// ErrLeaseHeld is returned by [Locker.TryAcquire] when another owner
@@ -74,7 +77,9 @@ var (
 	ErrUnavailable = errors.New("herd: redis unavailable")
 
 	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
-	// its Close.
+	// its Close: TryAcquire, Acquire (also one waiting when Close is
+	// called), Get, [Fetch], Begin, Set and Invalidate. A [Lease] handed
+	// out before Close can still be extended and released.
 	ErrClosed = errors.New("herd: closed")
 )
 
