@@ -636,7 +636,8 @@ func (e *expiry) get() (ttl, staleFor time.Duration) {
 // the call and [Options.StaleFor]: for example a TTL read from the loaded
 // data, or an HTTP response's max-age. It must be called with the context
 // the loader was given, before the loader returns; elsewhere it does
-// nothing. A ttl under a millisecond or a negative staleFor is ignored.
+// nothing. A ttl outside [1ms, 50 years] or a staleFor outside
+// [0, 50 years] is ignored (see [ErrInvalidTTL]).
 func SetExpiry(ctx context.Context, ttl, staleFor time.Duration) {
 	e, ok := ctx.Value(expiryKey{}).(*expiry)
 	if !ok {
@@ -644,10 +645,10 @@ func SetExpiry(ctx context.Context, ttl, staleFor time.Duration) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if ttl >= time.Millisecond {
+	if checkTTL(ttl) == nil {
 		e.ttl = ttl
 	}
-	if staleFor >= 0 {
+	if staleFor >= 0 && staleFor <= maxTTL {
 		e.staleFor = staleFor
 	}
 }

@@ -238,3 +238,36 @@ func panicMessage(f func()) (msg string) {
 	f()
 	return ""
 }
+
+// TestTTLRangeLoaderExpiry: SetExpiry and Fill.Commit could set a ttl or
+// staleFor whose sum overflowed, so the commit failed. SetExpiry now
+// ignores them (the call's ttl applies) and Fill.Commit rejects them.
+func TestTTLRangeLoaderExpiry(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	c := newTestCache(t, rdb, nil)
+	var calls atomic.Int64
+	load := func(ctx context.Context) ([]byte, error) {
+		calls.Add(1)
+		SetExpiry(ctx, math.MaxInt64, math.MaxInt64)
+		return []byte("v"), nil
+	}
+	for range 2 {
+		if v, err := c.Get(ctx, "k", time.Minute, load); err != nil || string(v) != "v" {
+			t.Fatalf("Get = (%q, %v), want v", v, err)
+		}
+	}
+	if st := c.Stats(); calls.Load() != 1 || st.CommitErrors != 0 {
+		t.Errorf("SetExpiry(MaxInt64, MaxInt64): loads %d, commit errors %d; want 1, 0", calls.Load(), st.CommitErrors)
+	}
+	_, fill, err := c.Begin(ctx, "k-fill", time.Minute, nil)
+	if err != nil || fill == nil {
+		t.Fatalf("Begin = (%v, %v), want a Fill", fill, err)
+	}
+	if err := fill.Commit([]byte("v"), time.Minute, math.MaxInt64); !errors.Is(err, ErrInvalidTTL) {
+		t.Errorf("Fill.Commit(staleFor MaxInt64): got %v, want ErrInvalidTTL", err)
+	}
+	if st := c.Stats(); st.CommitErrors != 0 {
+		t.Errorf("commit errors = %d, want 0", st.CommitErrors)
+	}
+}
