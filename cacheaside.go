@@ -27,6 +27,10 @@ var (
 	//go:embed scripts/invalidate.lua
 	invalidateLua    string
 	invalidateScript = redis.NewScript(invalidateLua)
+
+	// getScript is GET as a script, which a cluster client sends to the
+	// slot's master even when it routes reads to replicas.
+	getScript = redis.NewScript(`return redis.call('GET', KEYS[1])`)
 )
 
 // LoadFunc loads the value of a key from the source of truth. Its context
@@ -58,6 +62,8 @@ type Cache struct {
 	stats  counters
 	sig    *signals // observer, classes and rate-limited logging, shared with locker
 
+	masterReads bool // rdb may route GET to a replica: read values with getScript
+
 	ctx    context.Context // ends on Close; parent of all shared work
 	cancel context.CancelFunc
 	mu     sync.RWMutex // guards closed against flights starting
@@ -84,6 +90,17 @@ type Cache struct {
 // Bound every Redis call with the client's own ReadTimeout and
 // WriteTimeout (or ContextTimeoutEnabled): the Cache relies on them to
 // notice a slow or vanished Redis.
+//
+// The Cache reads its values from masters only: a replica may still hold
+// a value that Set or Invalidate replaced on its master, and serving it
+// would break read-your-writes. When rdb is a *redis.ClusterClient that
+// routes read-only commands to replicas (ClusterOptions.ReadOnly,
+// RouteByLatency or RouteRandomly, and the cluster client of
+// NewFailoverClusterClient with ReplicaOnly, RouteByLatency or
+// RouteRandomly), New detects it and the Cache reads each value with a
+// one-line script, which the client sends to the master: the client's
+// other commands still go where it routes them. See the package
+// documentation for the cost and for what cannot be detected.
 func New(rdb redis.UniversalClient, opt *Options) *Cache {
 	if rdb == nil {
 		panic("herd: New with a nil Redis client")
@@ -100,6 +117,8 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		calib:  newCalibrator(cfg.calib),
 		local:  make(chan struct{}, cfg.MaxLocalLoads),
 		brk:    breaker{threshold: cfg.BreakerThreshold, cooldown: cfg.BreakerCooldown},
+
+		masterReads: readsReplicas(rdb),
 
 		fills:      make(map[string]*localFill),
 		open:       make(map[*Fill]struct{}),
@@ -272,6 +291,28 @@ func (c *Cache) Close() error {
 	c.wg.Wait()
 	c.abortOpenFills() // Fills that a Begin already running made meanwhile
 	return c.locker.Close()
+}
+
+// readsReplicas reports whether rdb may send a read-only command such as
+// GET to a replica. go-redis sets ClusterOptions.ReadOnly for
+// RouteByLatency and RouteRandomly, and for a failover cluster client's
+// ReplicaOnly; scripts (EVALSHA) are never read-only, so they go to the
+// slot's master.
+func readsReplicas(rdb redis.UniversalClient) bool {
+	cc, ok := rdb.(*redis.ClusterClient)
+	return ok && cc.Options().ReadOnly
+}
+
+// readValue GETs a value key from its master.
+func (c *Cache) readValue(ctx context.Context, key string) ([]byte, error) {
+	if !c.masterReads {
+		return c.rdb.Get(ctx, key).Bytes()
+	}
+	s, err := getScript.Run(ctx, c.rdb, []string{key}).Text()
+	if err != nil {
+		return nil, err
+	}
+	return []byte(s), nil
 }
 
 // isClosed reports whether Close was called.

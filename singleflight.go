@@ -135,7 +135,7 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 // including bytes that are not an intact envelope (counted as corrupt).
 // err is an infrastructure error, already recorded by the breaker.
 func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
-	b, err := c.rdb.Get(c.ctx, f.keys.value).Bytes()
+	b, err := c.readValue(c.ctx, f.keys.value)
 	if err != nil && isInfraError(err) {
 		c.redisFailed(err)
 		return envelope{}, false, err
@@ -481,7 +481,7 @@ func (c *Cache) fallback(f *flight, budget time.Duration) ([]byte, error) {
 	case ReturnError:
 		return nil, timeout
 	case ServeStale:
-		b, err := c.rdb.Get(c.ctx, f.keys.value).Bytes()
+		b, err := c.readValue(c.ctx, f.keys.value)
 		if err == nil {
 			if env, ok := decodeEnvelope(b); ok {
 				if env.negative {
