@@ -276,8 +276,9 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 // for them, aborts the Fills still open (their leases go to other
 // processes at once), and stops the pub/sub connection. Every later call
 // of Get, [Fetch], Begin, Set and Invalidate returns [ErrClosed], without
-// touching Redis; a Fill that Close aborted reports it. Close is
-// idempotent. It does not close the Redis client.
+// touching Redis. A Fill that Close aborted has given its lease back: its
+// Commit and Abort do nothing and return nil. Close is idempotent. It does
+// not close the Redis client.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {
