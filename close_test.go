@@ -93,8 +93,19 @@ func TestCacheClosedRefusesCalls(t *testing.T) {
 	if err := c.Set(ctx, "k", []byte("before"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	_, fill, err := c.Begin(ctx, "filled", time.Minute, nil)
+	if err != nil || fill == nil {
+		t.Fatalf("Begin = (%v, %v), want a Fill", fill, err)
+	}
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+	// Close aborted the open Fill and gave its lease back.
+	if err := fill.Commit([]byte("late"), time.Minute, 0); err != nil {
+		t.Errorf("Commit of a Fill Close aborted: %v, want nil (a no-op)", err)
+	}
+	if n := rdb.Exists(ctx, mustKeys(t, "filled").value, mustKeys(t, "filled").lease).Val(); n != 0 {
+		t.Errorf("after Close and a late Commit, %d of the Fill's value and lease keys exist, want 0", n)
 	}
 	loads := 0
 	load := func(context.Context) ([]byte, error) { loads++; return []byte("v"), nil }
