@@ -5,6 +5,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"hash/maphash"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -78,6 +79,10 @@ type Cache struct {
 	refreshing map[string]struct{}  // keys with a background refresh in this process
 	backingOff map[string]time.Time // keys whose refreshes back off, until when (learned from Redis)
 	refreshSem chan struct{}        // bounds background refreshes
+
+	// writes counts the Set and Invalidate calls of this Cache that
+	// returned, per stripe of keys (see currency).
+	writes [64]atomic.Uint64
 
 	now  func() time.Time // the clock for freshness; tests inject a fake
 	rand func() float64   // uniform in [0, 1) for XFetch; tests inject a seeded one
@@ -158,36 +163,46 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	if err != nil {
 		return nil, err
 	}
-	ch := c.group.DoChan(key, func() (any, error) {
-		c.mu.RLock()
-		if c.closed {
+	// A caller that joins a flight whose answer may predate a write it
+	// has seen returned takes the next flight instead (read-your-writes).
+	// That flight starts after this caller joined, so its answer is
+	// current for it: one more round at most (the bound is a safety net).
+	joined, writes := time.Now(), c.writesOf(key)
+	for round := 0; ; round++ {
+		ch := c.group.DoChan(key, func() (any, error) {
+			c.mu.RLock()
+			if c.closed {
+				c.mu.RUnlock()
+				return &flightResult{}, ErrClosed
+			}
+			c.wg.Add(1)
 			c.mu.RUnlock()
-			return &flightResult{}, ErrClosed
+			defer c.wg.Done()
+			f := &flight{key: key, keys: keys, ttl: ttl, load: load, refresh: load}
+			val, err := c.run(f)
+			return &flightResult{val: val, outcome: f.outcome, cur: f.cur}, err
+		})
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case r := <-ch:
+			res := r.Val.(*flightResult)
+			if round < 2 && !res.answers(joined, writes, r.Err) {
+				continue
+			}
+			recordOutcome(ctx, res.outcome)
+			c.sig.lookup(key, res.outcome)
+			if r.Err != nil {
+				return nil, r.Err
+			}
+			val := res.val
+			if r.Shared {
+				// Every caller of a shared flight gets its own copy; nobody
+				// gets the original, so no caller sees another's writes.
+				val = bytes.Clone(val)
+			}
+			return val, nil
 		}
-		c.wg.Add(1)
-		c.mu.RUnlock()
-		defer c.wg.Done()
-		f := &flight{key: key, keys: keys, ttl: ttl, load: load, refresh: load}
-		val, err := c.run(f)
-		return &flightResult{val: val, outcome: f.outcome}, err
-	})
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case r := <-ch:
-		res := r.Val.(*flightResult)
-		recordOutcome(ctx, res.outcome)
-		c.sig.lookup(key, res.outcome)
-		if r.Err != nil {
-			return nil, r.Err
-		}
-		val := res.val
-		if r.Shared {
-			// Every caller of a shared flight gets its own copy; nobody
-			// gets the original, so no caller sees another's writes.
-			val = bytes.Clone(val)
-		}
-		return val, nil
 	}
 }
 
@@ -221,6 +236,12 @@ func Fetch[T any](ctx context.Context, c *Cache, key string, ttl time.Duration, 
 	return v, nil
 }
 
+// writeMarkerTTL is how long Redis remembers that a Set or Invalidate ran,
+// so that a retry of it (go-redis resends a script whose reply was lost) is
+// a no-op instead of undoing a newer write. It is far longer than any
+// go-redis retry sequence; each marker is one small key.
+const writeMarkerTTL = time.Minute
+
 // Set stores val under key for ttl, in one round trip. It advances the
 // key's fence first, so a rebuild that started before Set can never
 // overwrite val, and wakes callers waiting on the key. Errors: those of
@@ -242,9 +263,10 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 	}
 	ttl = c.jitter(ttl)
 	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).encode()
-	err = setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence},
+	err = setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
 		env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes).Err()
+		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds()).Err()
+	c.wrote(key) // even on an error: the write may have run
 	if err != nil {
 		return fmt.Errorf("herd: set %q: %w", key, err)
 	}
@@ -264,13 +286,24 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	err = invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence},
-		c.fenceTTL(time.Hour).Milliseconds()).Err()
+	err = invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
+		c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds()).Err()
+	c.wrote(key) // even on an error: the write may have run
 	if err != nil {
 		return fmt.Errorf("herd: invalidate %q: %w", key, err)
 	}
 	return nil
 }
+
+// writesOf returns the count of this Cache's returned writes of key's
+// stripe; wrote adds one (see currency). Keys share a stripe by hash: a
+// write of another key of the stripe only costs a caller a round trip.
+func (c *Cache) writesOf(key string) uint64 { return c.writes[stripe(key)].Load() }
+func (c *Cache) wrote(key string)           { c.writes[stripe(key)].Add(1) }
+
+var stripeSeed = maphash.MakeSeed()
+
+func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other

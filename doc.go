@@ -35,7 +35,9 @@
 //
 // [Cache.Set] and [Cache.Invalidate] advance the key's fence first, so a
 // rebuild that started before them can never write its older value after
-// them: the stale-set race that memcache leases close.
+// them: the stale-set race that memcache leases close. Each write carries
+// an id, so a retry of it (go-redis resends a script whose reply was lost)
+// is a no-op rather than a second write over a newer one.
 //
 // # Guarantees
 //
@@ -46,8 +48,11 @@
 //     write is then rejected by the fence, so an older value never
 //     overwrites a newer one.
 //  2. No caller waits forever: every wait is bounded by the caller's
-//     context and by the wait budget ([Options.WaitTimeout]); then
-//     [Options.Fallback] applies.
+//     context and by the wait budget; then [Options.Fallback] applies. By
+//     default the budget follows the rebuild: a follower waits while the
+//     holder of the lease keeps renewing it, up to [Options.MaxHold] plus
+//     one lease, so a rebuild slower than its lease is not duplicated; an
+//     explicit [Options.WaitTimeout] is a hard bound instead.
 //  3. One caller's cancellation never fails another: the shared rebuild
 //     runs detached from every caller, under [Options.LoadTimeout].
 //  4. A loader's error or panic reaches every waiter, in every process, as
@@ -69,6 +74,18 @@
 //     [NewLocker] panic, naming the field and its range. Corrupt or
 //     foreign bytes at a value key are a miss, counted and overwritten by
 //     the next rebuild.
+//  7. Read your writes: a [Cache.Get], [Fetch] or [Cache.Begin] that
+//     starts after a [Cache.Set] or [Cache.Invalidate] of its key returned
+//     is never answered with a value loaded or read before that write, in
+//     any process, while Redis keeps its writes (see the failover notes).
+//     A call that arrives while its process's lookup or rebuild of the key
+//     is already under way takes that answer only when it is known to be
+//     current after the call arrived (read or committed after it); else
+//     it runs the next lookup itself, one more round trip. Callers that
+//     joined a rebuild before the write may still get its value. Limit:
+//     a value Redis could not check (Redis unreachable, a failed commit)
+//     is held back only from callers after a write made in the same
+//     process; another process's writes cannot be seen without Redis.
 //
 // # Failure behaviour
 //
@@ -114,9 +131,11 @@
 //     [MinLease, MaxLease], DefaultLease before any data. The watchdog
 //     renews it while the rebuild runs, so the lease only needs to cover
 //     the time a crashed leader blocks the key; MaxHold caps a stuck one.
-//   - Wait budget: [Options.WaitTimeout] (default twice the lease) bounds
-//     how long a follower waits; then [Options.Fallback] applies. A budget
-//     shorter than your rebuilds turns waiters into local loads.
+//   - Wait budget: by default a follower waits twice the lease, renewed
+//     while the lease is still held, up to MaxHold plus one lease; an
+//     explicit [Options.WaitTimeout] is a hard bound, then
+//     [Options.Fallback] applies. A WaitTimeout shorter than your rebuilds
+//     turns waiters into local loads.
 //   - StaleFor is the strongest tool: with it, hot keys never make
 //     readers wait after the first load. EarlyRefresh (β around 1) helps
 //     keys that are hot but not hot enough to be read while stale.

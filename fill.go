@@ -25,21 +25,27 @@ type Hit struct {
 // renewed) and other callers of the key, in this process and others,
 // wait for the outcome.
 type Fill struct {
-	c     *Cache
-	f     *flight
-	lease *Lease // nil when the rebuild is not leased (see Leased)
-	start time.Time
-	local *localFill // this process's waiters, when registered
-	once  sync.Once
+	c      *Cache
+	f      *flight
+	lease  *Lease // nil when the rebuild is not leased (see Leased)
+	start  time.Time
+	writes uint64     // the key's local write count at start (see currency)
+	local  *localFill // this process's waiters, when registered
+	once   sync.Once
 }
 
 // localFill lets callers of Begin in the same process wait for a Fill.
 type localFill struct {
 	waiters int // callers waiting on it (guarded by Cache.fillMu)
 	done    chan struct{}
-	hit     *Hit  // set before done is closed on Commit
-	err     error // set before done is closed on Abort
+	hit     *Hit     // set before done is closed on Commit
+	err     error    // set before done is closed on Abort
+	cur     currency // set before done is closed: for whom hit is current
 }
+
+// errYielded tells the callers waiting on a Fill that its builder gave it
+// up without a failure (its caller left): they look up the key again.
+var errYielded = errors.New("herd: the fill was given up")
 
 // Begin looks up key for a caller that builds missing values itself, in
 // its own goroutine: the HTTP middleware, which must run a handler in the
@@ -80,9 +86,65 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 	}
 	c.wg.Add(1)
 	c.mu.RUnlock()
-	defer c.wg.Done()
 
-	if hit, err, waited := c.waitLocalFill(ctx, key); waited {
+	// The lookup runs in its own goroutine so that this caller leaves as
+	// soon as ctx ends, however slow Redis is. A Fill it wins after the
+	// caller left is given up at once (its lease goes to another caller).
+	joined, writes := time.Now(), c.writesOf(key)
+	type answer struct {
+		hit  *Hit
+		fill *Fill
+		err  error
+	}
+	ch := make(chan answer, 1)
+	var (
+		mu   sync.Mutex
+		gone bool // the caller left; guarded by mu
+	)
+	go func() {
+		defer c.wg.Done()
+		hit, fl, err := c.begin(ctx, key, keys, ttl, refresh, joined, writes)
+		mu.Lock()
+		defer mu.Unlock()
+		if gone {
+			if fl != nil {
+				fl.yield()
+			}
+			return
+		}
+		ch <- answer{hit, fl, err}
+	}()
+	select {
+	case a := <-ch:
+		return a.hit, a.fill, a.err
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	select {
+	case a := <-ch:
+		if a.fill == nil {
+			return a.hit, nil, a.err // it came at the same time: take it
+		}
+		a.fill.yield()
+	default:
+		gone = true
+	}
+	return nil, nil, ctx.Err()
+}
+
+// begin is Begin's lookup. joined is when the caller arrived and writes
+// the key's local write count then: a local Fill whose value may predate a
+// write the caller saw is not its answer.
+func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.Duration, refresh func() LoadFunc, joined time.Time, writes uint64) (*Hit, *Fill, error) {
+	for round := 0; round < 3; round++ {
+		hit, err, waited := c.waitLocalFill(ctx, key, joined, writes)
+		if !waited {
+			break
+		}
+		if errors.Is(err, errYielded) {
+			continue // its builder's caller left: look again
+		}
 		if hit != nil {
 			c.sig.lookup(key, OutcomeFollower)
 		}
@@ -101,8 +163,11 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 }
 
 // waitLocalFill waits for a Fill of key that a caller in this process is
-// running. waited is false when there is none.
-func (c *Cache) waitLocalFill(ctx context.Context, key string) (hit *Hit, err error, waited bool) {
+// running. waited is false when there is none. A Fill that was given up,
+// or whose value is not known current for a caller that joined at joined
+// with the key's local write count writes (see currency), answers with
+// errYielded: look again.
+func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time, writes uint64) (hit *Hit, err error, waited bool) {
 	c.fillMu.Lock()
 	lf := c.fills[key]
 	if lf != nil {
@@ -112,9 +177,11 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string) (hit *Hit, err er
 	if lf == nil {
 		return nil, nil, false
 	}
+	// The Fill is alive until it commits or aborts (its builder holds and
+	// renews the lease up to MaxHold): by default wait for it that long.
 	budget := c.cfg.WaitTimeout
 	if budget == 0 {
-		budget = 2 * c.leaseFor(key)
+		budget = c.cfg.MaxHold + c.leaseFor(key)
 	}
 	limit := time.NewTimer(budget)
 	defer limit.Stop()
@@ -131,6 +198,9 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string) (hit *Hit, err er
 	if lf.err != nil {
 		return nil, lf.err, true
 	}
+	if !lf.cur.answers(joined, writes) {
+		return nil, errYielded, true
+	}
 	h := *lf.hit
 	h.Value = bytes.Clone(h.Value)
 	h.Outcome = OutcomeFollower
@@ -138,7 +208,7 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string) (hit *Hit, err er
 }
 
 func (c *Cache) newFill(f *flight, lease *Lease) *Fill {
-	fl := &Fill{c: c, f: f, lease: lease, start: time.Now()}
+	fl := &Fill{c: c, f: f, lease: lease, start: time.Now(), writes: c.writesOf(f.key)}
 	if lease != nil {
 		lease.KeepAlive(c.cfg.MaxHold)
 	}
@@ -200,7 +270,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 				fl.c.releaseDetached(fl.f, fl.lease, failMessage(failNotShared, fl.lease, err.Error()), 0)
 			}
 			now := fl.c.now()
-			fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: now, Expires: now.Add(ttl)}, nil)
+			fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: now, Expires: now.Add(ttl)}, nil, currency{unchecked: true, writes: fl.writes})
 		})
 		return err
 	}
@@ -210,14 +280,15 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		delta := time.Since(fl.start)
 		env := c.newEnvelope(0, val, c.jitter(ttl), max(staleFor, 0), delta)
 		c.sig.load(fl.f.key, delta, nil, fl.lease != nil)
+		cur := currency{unchecked: true, writes: fl.writes} // unleased: not checked
 		if fl.lease != nil {
 			fl.lease.finish()
 			c.stats.loads.Add(1)
 			c.calib.Observe(c.cfg.KeyClass(fl.f.key), delta)
 			env.fence = fl.lease.token
-			c.commit(fl.f, fl.lease, env)
+			cur = c.commit(fl.f, fl.lease, env, fl.start, fl.writes)
 		}
-		fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: env.writtenAt, Expires: env.softExp}, nil)
+		fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: env.writtenAt, Expires: env.softExp}, nil, cur)
 	})
 	return nil
 }
@@ -257,17 +328,33 @@ func (fl *Fill) Abort(cause error) {
 			fl.lease.finish()
 			c.releaseDetached(fl.f, fl.lease, failMessage(kind, fl.lease, err.Error()), 0)
 		}
-		fl.resolve(nil, err)
+		fl.resolve(nil, err, currency{})
+	})
+}
+
+// yield gives the Fill up without a failure, when the caller it was
+// returned to has left: the lease goes at once to a caller waiting in
+// another process (they are told it was released, not that it failed),
+// and the callers waiting in this process look the key up again. Nothing
+// counts as a failed load.
+func (fl *Fill) yield() {
+	fl.once.Do(func() {
+		fl.unregister()
+		if fl.lease != nil {
+			fl.lease.finish()
+			fl.c.releaseDetached(fl.f, fl.lease, msgReleased, 0)
+		}
+		fl.resolve(nil, errYielded, currency{})
 	})
 }
 
 // resolve hands the outcome to this process's waiters.
-func (fl *Fill) resolve(hit *Hit, err error) {
+func (fl *Fill) resolve(hit *Hit, err error, cur currency) {
 	fl.unregister()
 	if fl.local == nil {
 		return
 	}
-	fl.local.hit, fl.local.err = hit, err
+	fl.local.hit, fl.local.err, fl.local.cur = hit, err, cur
 	close(fl.local.done)
 }
 

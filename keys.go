@@ -25,6 +25,7 @@ type keyFamily struct {
 	backoff string // P:{T}:b  refresh backoff marker after failed refreshes
 	failed  string // P:{T}:x  failure marker: "<fence>|<message>" of a failed load, short-lived
 	channel string // P:{T}:n  pub/sub channel for wake-ups
+	writes  string // P:{T}:w: prefix of the markers of Set and Invalidate runs ("<prefix><write id>")
 }
 
 // makeKeys maps a user key to its Redis names.
@@ -54,6 +55,7 @@ func makeKeys(prefix, key string) (keyFamily, error) {
 		backoff: base + "b",
 		failed:  base + "x",
 		channel: base + "n",
+		writes:  base + "w:",
 	}, nil
 }
 

@@ -233,9 +233,11 @@ func TestModelScriptConformance(t *testing.T) {
 		"release after commit: 1",
 		"release foreign: 0",
 		"set: num",
+		"set retried: num",
 		"commit with an old token: 0",
 		"acquire refresh mode, envelope changed: [2 str]",
 		"invalidate: num",
+		"invalidate retried: num",
 		"acquire after invalidate: [1 num]",
 		"release: 1",
 		"release retried: 1",
@@ -303,10 +305,14 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	}
 	rel("release after commit", value)
 	rel("release foreign", other+":"+token)
-	run("set", setScript, []string{k.value, k.fence}, env, 60000, 60000, "PUBLISH", k.channel, 1<<14)
+	set := []string{k.value, k.fence, k.writes + "set-1"}
+	run("set", setScript, set, env, 60000, 60000, "PUBLISH", k.channel, 1<<14, 60000)
+	run("set retried", setScript, set, env, 60000, 60000, "PUBLISH", k.channel, 1<<14, 60000)
 	commit("commit with an old token", token)
 	run("acquire refresh mode, envelope changed", acquireScript, acq(other, 1), other, 5000, 60000, modeRefresh, string(env[2:10]), "")
-	run("invalidate", invalidateScript, []string{k.value, k.fence}, 60000)
+	inv := []string{k.value, k.fence, k.writes + "inv-1"}
+	run("invalidate", invalidateScript, inv, 60000, 60000)
+	run("invalidate retried", invalidateScript, inv, 60000, 60000)
 	r = run("acquire after invalidate", acquireScript, acq(other), other, 5000, 60000)
 	value2 := other + ":" + fmt.Sprint(r.([]any)[1])
 	rel("release", value2)

@@ -183,8 +183,13 @@ type Options struct {
 
 	// WaitTimeout is a follower's wait budget: how long a caller waits for
 	// another process's rebuild before Fallback applies. Every caller also
-	// leaves when its own context ends. Default: twice the key's current
-	// lease length (see LeaseFactor).
+	// leaves when its own context ends. When set, it is a hard bound. By
+	// default a follower waits for as long as the rebuild it waits for is
+	// alive: twice the key's current lease length (see LeaseFactor), again
+	// and again while the lease is still held (a live leader renews it
+	// while it loads), up to MaxHold plus one lease in all; a leader that
+	// is gone is taken over when its lease lapses. So with the defaults a
+	// rebuild slower than the lease is not duplicated.
 	WaitTimeout time.Duration
 
 	// Fallback applies when a follower's wait budget is spent. Default:

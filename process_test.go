@@ -124,9 +124,11 @@ func (p *workerProcs) wait(d time.Duration) {
 }
 
 // TestLeaseMutualExclusionAcrossProcesses: 2 OS processes × 50 goroutines
-// contend for one lease for ~2 s. Every holder marks its critical section
-// in Redis (an INCR that must read 1) and logs (token, start, end). No two
-// holders may overlap and tokens must increase with time.
+// contend for one lease until 300 holds are logged (at most 60 s: the
+// count, not the time, decides, so a loaded machine only makes it slower).
+// Every holder marks its critical section in Redis (an INCR that must
+// read 1) and logs (token, start, end). No two holders may overlap and
+// tokens must increase with time.
 func TestLeaseMutualExclusionAcrossProcesses(t *testing.T) {
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -135,7 +137,7 @@ func TestLeaseMutualExclusionAcrossProcesses(t *testing.T) {
 	key := "mutex-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 
 	p := startWorkers(t, procs, "mutex",
-		envAddr+"="+srv.Addr(), envKey+"="+key, envDuration+"=2s", envG+"="+strconv.Itoa(goroutines))
+		envAddr+"="+srv.Addr(), envKey+"="+key, envDuration+"=60s", envG+"="+strconv.Itoa(goroutines))
 	// Start every goroutine of every process at once.
 	waitFor(t, 30*time.Second, "workers to be ready", func() bool {
 		n, _ := rdb.Get(ctx, key+":ready").Int()
@@ -168,8 +170,13 @@ func TestLeaseMutualExclusionAcrossProcesses(t *testing.T) {
 		holds = append(holds, h)
 		perProc[h.proc]++
 	}
-	if len(holds) < 100 || len(perProc) != procs {
-		t.Fatalf("%d holds from %d processes, want at least 100 from each of %d", len(holds), len(perProc), procs)
+	if len(holds) < mutexHolds || len(perProc) != procs {
+		t.Fatalf("%d holds from %d processes, want at least %d from %d processes", len(holds), len(perProc), mutexHolds, procs)
+	}
+	for proc, n := range perProc {
+		if n < mutexHolds/20 {
+			t.Errorf("process %s held the lease %d times of %d: it hardly contended", proc, n, len(holds))
+		}
 	}
 	slices.SortFunc(holds, func(a, b hold) int { return cmpUint(a.token, b.token) })
 	for i := 1; i < len(holds); i++ {
@@ -199,6 +206,9 @@ func cmpUint(a, b uint64) int {
 	return 0
 }
 
+// mutexHolds is how many logged holds end the mutual-exclusion test.
+const mutexHolds = 300
+
 // mutexWorker is the body of one process in the mutual-exclusion test.
 func mutexWorker(ctx context.Context, _ string) error {
 	key := os.Getenv(envKey)
@@ -216,6 +226,17 @@ func mutexWorker(ctx context.Context, _ string) error {
 	defer l.Close()
 	proc := strconv.Itoa(os.Getpid())
 
+	// The run ends when the log holds mutexHolds lines, or after dur.
+	runCtx, stop := context.WithTimeout(ctx, dur)
+	defer stop()
+	go func() { // the other process may reach the count first
+		for runCtx.Err() == nil {
+			if n, _ := rdb.LLen(ctx, key+":log").Result(); n >= mutexHolds {
+				stop()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
 	var wg sync.WaitGroup
 	errc := make(chan error, g)
 	for range g {
@@ -227,10 +248,7 @@ func mutexWorker(ctx context.Context, _ string) error {
 			for rdb.Exists(ctx, key+":go").Val() == 0 {
 				time.Sleep(time.Millisecond)
 			}
-			end := time.Now().Add(dur)
-			runCtx, cancel := context.WithDeadline(ctx, end)
-			defer cancel()
-			for time.Now().Before(end) {
+			for runCtx.Err() == nil {
 				lease, err := l.Acquire(runCtx, key, 2*time.Second)
 				if errors.Is(err, ErrLeaseHeld) || runCtx.Err() != nil {
 					continue // the wait ran out (MaxWait or the run's end)
@@ -239,9 +257,13 @@ func mutexWorker(ctx context.Context, _ string) error {
 					errc <- err
 					return
 				}
-				if err := hold(ctx, rdb, key, lease, proc); err != nil {
+				n, err := hold(ctx, rdb, key, lease, proc)
+				if err != nil {
 					errc <- err
 					return
+				}
+				if n >= mutexHolds {
+					stop() // enough: this process's other goroutines stop too
 				}
 			}
 		})
@@ -256,19 +278,19 @@ func mutexWorker(ctx context.Context, _ string) error {
 }
 
 // hold is one critical section: mark it in Redis, do a little work, log
-// it, release.
-func hold(ctx context.Context, rdb *redis.Client, key string, lease *Lease, proc string) error {
+// it, release. It returns the length of the log.
+func hold(ctx context.Context, rdb *redis.Client, key string, lease *Lease, proc string) (int64, error) {
 	start := time.Now().UnixNano()
 	n, err := rdb.Incr(ctx, key+":holders").Result()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	if n != 1 {
 		rdb.Incr(ctx, key+":violations")
 	}
 	time.Sleep(time.Duration(rand.N(500)) * time.Microsecond)
 	if err := rdb.Decr(ctx, key+":holders").Err(); err != nil {
-		return err
+		return 0, err
 	}
 	end := time.Now().UnixNano()
 	if isClosed(lease.Lost()) {
@@ -276,13 +298,14 @@ func hold(ctx context.Context, rdb *redis.Client, key string, lease *Lease, proc
 		// badly overloaded machine): exclusion is not promised for it, so
 		// it is counted apart instead of being checked for overlap.
 		rdb.Incr(ctx, key+":expired")
-		return lease.Release(ctx)
+		return 0, lease.Release(ctx)
 	}
 	line := strings.Join([]string{
 		strconv.FormatUint(lease.Token(), 10), strconv.FormatInt(start, 10), strconv.FormatInt(end, 10), proc,
 	}, " ")
-	if err := rdb.RPush(ctx, key+":log", line).Err(); err != nil {
-		return err
+	logged, err := rdb.RPush(ctx, key+":log", line).Result()
+	if err != nil {
+		return 0, err
 	}
-	return lease.Release(ctx)
+	return logged, lease.Release(ctx)
 }

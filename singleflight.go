@@ -41,8 +41,44 @@ type flight struct {
 	// awaited is the fence of the leader a follower waits for (from the
 	// held ACQUIRE reply): its failure, by message or by the failure marker
 	// a follower finds when it looks, ends the wait; failures of other
-	// leaders do not.
-	awaited string
+	// leaders do not. A wake-up carrying an older envelope is ignored.
+	awaited      string
+	awaitedFence uint64
+
+	// Read-your-writes. seen is when the Redis command whose reply the
+	// flight is deciding on was sent; heldAt is when the last ACQUIRE that
+	// found the lease held was sent (a value announced after it was
+	// written after it). cur says for which callers the answer is current.
+	seen, heldAt time.Time
+	cur          currency
+}
+
+// currency says which callers of a flight its answer may go to: only
+// those it is known current for, so that a call that starts after a write
+// returned is never answered with a value from before the write. A caller
+// that may have seen a write the answer predates takes the next flight.
+type currency struct {
+	// from: the value was current in Redis at a moment after this
+	// instant (the GET or the committing script was sent then; for a
+	// fenced commit, the load began then). It answers callers that joined
+	// at or before it.
+	from time.Time
+	// unchecked: the value could not be checked against Redis (Redis
+	// unreachable, a failed commit, a value not stored). It answers every
+	// caller unless a Set or Invalidate of the key in this process
+	// returned after the load began (writes counted the key's write count
+	// then); writes by other processes cannot be seen without Redis.
+	unchecked bool
+	writes    uint64
+}
+
+// answers reports whether the answer goes to a caller that joined at
+// joined, when the key's local write count was writes.
+func (cur currency) answers(joined time.Time, writes uint64) bool {
+	if cur.unchecked {
+		return writes <= cur.writes
+	}
+	return !joined.After(cur.from)
 }
 
 // flightResult is what a flight hands to singleflight, with or without an
@@ -50,6 +86,17 @@ type flight struct {
 type flightResult struct {
 	val     []byte
 	outcome Outcome
+	cur     currency
+}
+
+// answers reports whether a flight's answer goes to a caller that joined
+// it at joined with the key's local write count writes: errors always do
+// (they are not values), values and ErrNotFound as cur says.
+func (r *flightResult) answers(joined time.Time, writes uint64, err error) bool {
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		return true
+	}
+	return r.cur.answers(joined, writes)
 }
 
 // maxFailText bounds the error text a leader publishes to followers.
@@ -104,6 +151,7 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 // ErrLeaseHeld pttl is the holder's remaining time.
 func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bool, pttl time.Duration) {
 	ttl := c.leaseFor(f.key)
+	sent := time.Now()
 	r, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, f.awaited)
 	if r.failure != "" {
 		// The leader this follower waited for failed, and the message
@@ -111,12 +159,18 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 		if v, ferr, done := c.onNotice(f, notice{payload: r.failure}); done {
 			return nil, v, ferr, true, 0
 		}
+		sent = time.Now()
 		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, "")
 	}
-	if r.holder != "" {
+	if r.holder != "" && r.holder != f.awaited {
 		f.awaited = r.holder
+		f.awaitedFence, _ = strconv.ParseUint(r.holder, 10, 64)
+	}
+	if errors.Is(err, ErrLeaseHeld) {
+		f.heldAt = sent
 	}
 	if err == nil && r.lease == nil {
+		f.seen = sent
 		if env, ok := decodeEnvelope(r.value); ok {
 			if v, err, done := c.served(f, env); done {
 				return nil, v, err, true, 0
@@ -135,6 +189,7 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 // including bytes that are not an intact envelope (counted as corrupt).
 // err is an infrastructure error, already recorded by the breaker.
 func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
+	f.seen = time.Now()
 	b, err := c.readValue(c.ctx, f.keys.value)
 	if err != nil && isInfraError(err) {
 		c.redisFailed(err)
@@ -159,6 +214,7 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done bool) {
 	now := c.now()
 	f.env = env
+	f.cur = currency{from: f.seen}
 	if f.outcome == OutcomeFollower {
 		// A follower that finds the value while waiting stays a follower.
 		defer func() { f.outcome = OutcomeFollower }()
@@ -205,6 +261,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	c.stats.leads.Add(1)
 	lease.KeepAlive(c.cfg.MaxHold)
 	start := time.Now()
+	writes := c.writesOf(f.key)
 	exp := &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor}
 	val, err := c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), exp)
 	delta := time.Since(start)
@@ -220,14 +277,15 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	switch {
 	case err == nil:
 		ttl, staleFor := exp.get()
-		c.commit(f, lease, c.newEnvelope(lease.token, val, c.jitter(ttl), staleFor, delta))
+		f.cur = c.commit(f, lease, c.newEnvelope(lease.token, val, c.jitter(ttl), staleFor, delta), start, writes)
 		return val, nil
 	case notFound && c.cfg.NegativeTTL > 0:
 		env := c.newEnvelope(lease.token, nil, c.cfg.NegativeTTL, c.cfg.StaleFor, delta)
 		env.negative = true
-		c.commit(f, lease, env)
+		f.cur = c.commit(f, lease, env, start, writes)
 		return nil, ErrNotFound
 	}
+	f.cur = currency{unchecked: true, writes: writes} // a not-found that is not stored
 
 	if errors.Is(err, ErrClosed) {
 		// This process is shutting down: hand the rebuild to another
@@ -285,14 +343,17 @@ func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff tim
 
 // commit runs the COMMIT script. The value goes to the local callers
 // whatever happens here: a fenced or failed commit only means it is not
-// stored.
-func (c *Cache) commit(f *flight, lease *Lease, env *envelope) {
+// stored. It returns the value's currency for them: current from when the
+// script was sent if it was stored, from the load's start (loadStart,
+// when the key's local write count was writes) otherwise.
+func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Time, writes uint64) currency {
 	b := env.encode()
 	ttl := env.staleExp.Sub(env.writtenAt) // the hard TTL in Redis
 	msg := msgWritten
 	if len(b) <= c.cfg.NotifyMaxBytes {
 		msg = string(msgValue) + string(b)
 	}
+	sent := time.Now()
 	ok, err := commitScript.Run(c.ctx, c.rdb, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
 		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased).Int()
@@ -302,13 +363,16 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope) {
 		c.sig.commit(f.key, CommitError)
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
+		return currency{unchecked: true, writes: writes}
 	case ok == 0:
 		c.stats.fenced.Add(1)
 		c.sig.commit(f.key, CommitFenced)
 		c.log(slog.LevelWarn, "herd: commit fenced: a newer lease, Set or Invalidate came first (a duplicate or stale rebuild); value not stored", "key", f.key, "fence", lease.token)
 	default:
 		c.sig.commit(f.key, CommitStored)
+		return currency{from: sent}
 	}
+	return currency{from: loadStart} // fenced: a write or a newer lease came after the load began
 }
 
 // follow waits for another process's rebuild of the key: subscribe, look
@@ -343,10 +407,16 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 		callerDone = f.caller.Done()
 	}
 
+	// The budget: WaitTimeout when set. By default, twice the lease,
+	// renewed for as long as a live holder keeps its lease (it renews it
+	// while it rebuilds, up to MaxHold), so a slow rebuild is waited for
+	// rather than duplicated; up to MaxHold plus one lease in all.
 	budget := c.cfg.WaitTimeout
-	if budget == 0 {
+	renewing := budget == 0
+	if renewing {
 		budget = 2 * c.leaseFor(f.key)
 	}
+	hardEnd := start.Add(c.cfg.MaxHold + c.leaseFor(f.key))
 	limit := time.NewTimer(budget)
 	defer limit.Stop()
 
@@ -380,9 +450,23 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 			end = WaitCancelled
 			return nil, f.caller.Err()
 		case <-limit.C:
+			if left := time.Until(hardEnd); renewing && left > 0 {
+				v, err, done, p := c.check(f)
+				if done {
+					if f.claim != nil || f.outcome == OutcomeLeader {
+						end = WaitTakeover
+					}
+					return v, err
+				}
+				if p > 0 { // a holder keeps its lease: it is rebuilding
+					pttl = p
+					limit.Reset(min(budget, left))
+					continue
+				}
+			}
 			c.stats.waitTimeouts.Add(1)
 			end = WaitTimeout
-			return c.fallback(f, budget)
+			return c.fallback(f, time.Since(start).Round(time.Millisecond))
 		case nt := <-wake:
 			if v, err, done := c.onNotice(f, nt); done {
 				c.stats.notified.Add(1)
@@ -416,10 +500,14 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 	switch nt.payload[0] {
 	case msgValue:
 		env, ok := decodeEnvelope([]byte(nt.payload[1:]))
-		if !ok {
+		if !ok || env.fence < f.awaitedFence {
+			// Unreadable, or an envelope older than the rebuild this
+			// follower waits for (a message queued before a newer
+			// Invalidate or lease): look at Redis instead.
 			return nil, nil, false
 		}
 		f.env = env
+		f.cur = currency{from: f.heldAt}
 		c.calib.Observe(c.cfg.KeyClass(f.key), env.delta)
 		if env.negative {
 			return nil, ErrNotFound, true
@@ -432,6 +520,7 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 		}
 		switch kind {
 		case failNotFound:
+			f.cur = currency{from: f.heldAt}
 			return nil, ErrNotFound, true
 		case failNotShared:
 			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, text), true
@@ -481,6 +570,7 @@ func (c *Cache) fallback(f *flight, budget time.Duration) ([]byte, error) {
 	case ReturnError:
 		return nil, timeout
 	case ServeStale:
+		f.cur = currency{from: time.Now()}
 		b, err := c.readValue(c.ctx, f.keys.value)
 		if err == nil {
 			if env, ok := decodeEnvelope(b); ok {
@@ -537,6 +627,7 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 	}
 	c.stats.localLoads.Add(1)
 	start := time.Now()
+	f.cur = currency{unchecked: true, writes: c.writesOf(f.key)}
 	val, err := c.runLoader(f.load, c.cfg.LoadTimeout, &expiry{})
 	c.sig.load(f.key, time.Since(start), err, false)
 	switch {

@@ -32,11 +32,9 @@ package herd
 //  2. Every Get returns within its bound (wait budget + load timeout +
 //     six Redis calls at the client timeouts and retries + 1s).
 //  3. Read your writes: after a Set or Invalidate of version v completes,
-//     no Get of that key that starts later returns a version below v,
-//     unless it may have joined a flight of its process that began before
-//     the write completed (a read of the same key in the same process that
-//     started before the write's end and ended after this read's start):
-//     callers of one flight share its value by design.
+//     no Get of that key, in any process, that starts later returns a
+//     version below v. There is no exemption for a Get that joined a
+//     flight begun before the write: such a caller takes the next flight.
 //  4. One rebuild at a time: no two leased loads of a key overlap in time
 //     (a leased load is one whose value a caller got with OutcomeLeader).
 //  5. Loads per key per TTL window: leased loads of key k that start in
@@ -607,24 +605,7 @@ func checkSoak(t *testing.T, h []soakOp, total Stats, t0 time.Time) string {
 		}
 	}
 
-	// 3. Read your writes, with the shared-flight exemption.
-	type span struct{ start, end int64 }
-	readsOf := map[[2]int][]span{} // (proc, key) -> reads sorted by start
-	for _, o := range gets {
-		readsOf[[2]int{o.proc, o.k}] = append(readsOf[[2]int{o.proc, o.k}], span{o.start, o.end})
-	}
-	prefixMax := map[[2]int][]int64{}
-	for pk, rs := range readsOf {
-		sort.Slice(rs, func(i, j int) bool { return rs[i].start < rs[j].start })
-		pm := make([]int64, len(rs))
-		for i, r := range rs {
-			pm[i] = r.end
-			if i > 0 {
-				pm[i] = max(pm[i], pm[i-1])
-			}
-		}
-		prefixMax[pk] = pm
-	}
+	// 3. Read your writes.
 	done := map[int][]soakOp{} // completed writes per key, by end
 	for _, w := range writes {
 		if w.class == "-" {
@@ -634,7 +615,7 @@ func checkSoak(t *testing.T, h []soakOp, total Stats, t0 time.Time) string {
 	for k := range done {
 		slices.SortFunc(done[k], func(a, b soakOp) int { return int(a.end - b.end) })
 	}
-	stale, exempt := 0, 0
+	stale := 0
 	for _, r := range gets {
 		if r.class != "-" {
 			continue
@@ -646,13 +627,6 @@ func checkSoak(t *testing.T, h []soakOp, total Stats, t0 time.Time) string {
 			continue
 		}
 		w := ws[i]
-		pk := [2]int{r.proc, r.k}
-		rs, pm := readsOf[pk], prefixMax[pk]
-		j := sort.Search(len(rs), func(j int) bool { return rs[j].start > w.end }) - 1
-		if j >= 0 && pm[j] >= r.start {
-			exempt++
-			continue
-		}
 		stale++
 		if stale <= 5 {
 			t.Errorf("stale read: process %d read key %d at version %d (id %s, outcome %s) %v after a %c of version %d completed",
@@ -731,7 +705,7 @@ func checkSoak(t *testing.T, h []soakOp, total Stats, t0 time.Time) string {
 		return durs[min(len(durs)-1, int(float64(len(durs))*p))].Round(time.Microsecond)
 	}
 	return fmt.Sprintf("%d Gets (outcomes %v), %d writes, %d loads (%d leased and successful); Get latency p50 %v p99 %v p999 %v max %v (bound %v); errors %v; "+
-		"read-your-writes: %d stale reads, %d reads exempt as joiners of an older flight; %d overlapping leased loads; load bound: excess %d (worst %d per key-window), budget %d",
+		"read-your-writes: %d stale reads; %d overlapping leased loads; load bound: excess %d (worst %d per key-window), budget %d",
 		len(gets), outcomes, len(writes), len(loads), leasedTotal, pct(0.5), pct(0.99), pct(0.999), pct(1), bound, errCount,
-		stale, exempt, overlaps, excess, worst, budget)
+		stale, overlaps, excess, worst, budget)
 }

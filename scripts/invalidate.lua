@@ -1,8 +1,15 @@
 -- INVALIDATE: advance the fence, so that no rebuild in flight can write
 -- its (possibly stale) value afterwards, then delete the value.
--- KEYS[1] value, KEYS[2] fence hash
--- ARGV[1] fence ttl ms
+-- KEYS[1] value, KEYS[2] fence hash, KEYS[3] this write's marker
+-- ARGV[1] fence ttl ms, ARGV[2] marker ttl ms
 -- Returns the new fence (a decimal string).
+--
+-- The marker makes a retry a no-op (see set.lua): a retried Invalidate must
+-- not delete a value a newer Set wrote after it.
+local done = redis.call('GET', KEYS[3])
+if done then
+  return done
+end
 if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
   local t = redis.call('TIME')
   redis.call('HSET', KEYS[2], 'n', t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
@@ -12,4 +19,6 @@ if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[1]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[1])
 end
 redis.call('DEL', KEYS[1])
-return string.format('%d', n)
+local fence = string.format('%d', n)
+redis.call('SET', KEYS[3], fence, 'PX', ARGV[2])
+return fence

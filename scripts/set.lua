@@ -1,10 +1,18 @@
 -- SET: store a value written by Cache.Set, advancing the fence first so
 -- that every rebuild in flight is fenced, and wake the waiters.
--- KEYS[1] value, KEYS[2] fence hash
+-- KEYS[1] value, KEYS[2] fence hash, KEYS[3] this write's marker
 -- ARGV[1] envelope (its fence bytes are stamped here), ARGV[2] value ttl ms,
 -- ARGV[3] fence ttl ms, ARGV[4] PUBLISH or SPUBLISH, ARGV[5] channel,
--- ARGV[6] largest envelope sent inline in the message
+-- ARGV[6] largest envelope sent inline in the message, ARGV[7] marker ttl ms
 -- Returns the new fence (a decimal string).
+--
+-- The marker makes a retry a no-op: go-redis sends a script again when the
+-- reply was lost, and by then a newer Set may have landed, which a second
+-- run would overwrite.
+local done = redis.call('GET', KEYS[3])
+if done then
+  return done
+end
 if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
   local t = redis.call('TIME')
   redis.call('HSET', KEYS[2], 'n', t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
@@ -26,4 +34,6 @@ if #env <= tonumber(ARGV[6]) then
 else
   redis.call(ARGV[4], ARGV[5], 'W')
 end
-return string.format('%d', n)
+local fence = string.format('%d', n)
+redis.call('SET', KEYS[3], fence, 'PX', ARGV[7])
+return fence

@@ -1,0 +1,312 @@
+package herd
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/herdkit/herd/internal/faultproxy"
+	"github.com/herdkit/herd/internal/redistest"
+)
+
+// Regression tests for the promises of issue 12 ("Every promise true")
+// that the flight keeps: read-your-writes, the default wait for a slow
+// rebuild, Begin's caller deadline and idempotent writes. Each one failed
+// on the code before the fix.
+
+// TestReadYourWrites: a call that starts after a Set or Invalidate returned
+// is never served a value loaded before it, even when it arrives while a
+// slow rebuild that read the source before the write is still running in
+// its own process (it would otherwise join that rebuild's flight). The
+// callers that joined the old rebuild before the write may still get its
+// value.
+func TestReadYourWrites(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			for _, write := range []string{"Invalidate", "Set"} {
+				t.Run("Get after "+write, func(t *testing.T) { testReadYourWritesGet(t, b, write) })
+			}
+			t.Run("Begin after Invalidate", func(t *testing.T) { testReadYourWritesBegin(t, b) })
+		})
+	}
+}
+
+func testReadYourWritesGet(t *testing.T, b backend, write string) {
+	c := newTestCache(t, b.rdb, nil)
+	key := testKey(t)
+	ctx := context.Background()
+	old := newGatedLoader("v1") // read the source before the write
+	oldDone := make(chan result, 1)
+	go func() {
+		v, err := c.Get(ctx, key, time.Minute, old.load)
+		oldDone <- result{val: v, err: err}
+	}()
+	old.waitEntered(t)
+
+	// The source now holds v2; the writer tells the cache, and the call
+	// returns.
+	var err error
+	if write == "Set" {
+		err = c.Set(ctx, key, []byte("v2"), time.Minute)
+	} else {
+		err = c.Invalidate(ctx, key)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A Get that starts now, while the old rebuild still runs.
+	var calls atomic.Int64
+	afterDone := make(chan result, 1)
+	go func() {
+		v, err := c.Get(ctx, key, time.Minute, constLoader(&calls, "v2"))
+		afterDone <- result{val: v, err: err}
+	}()
+	// Let it join the old flight before the old load returns (on the old
+	// code it then got v1; if it has not joined yet, it gets v2 anyway).
+	time.Sleep(50 * time.Millisecond)
+	close(old.gate)
+
+	if r := <-oldDone; r.err != nil || string(r.val) != "v1" {
+		t.Errorf("the old rebuild's own caller got (%q, %v), want its value v1", r.val, r.err)
+	}
+	r := <-afterDone
+	if r.err != nil || string(r.val) != "v2" {
+		t.Fatalf("a Get started after %s returned got (%q, %v), want v2", write, r.val, r.err)
+	}
+	if write == "Set" && calls.Load() != 0 {
+		t.Errorf("after Set: %d loads, want 0 (Set's value is in Redis)", calls.Load())
+	}
+	if write == "Invalidate" && calls.Load() != 1 {
+		t.Errorf("after Invalidate: %d loads, want 1", calls.Load())
+	}
+	if s := c.Stats(); s.Fenced != 1 {
+		t.Errorf("Stats.Fenced = %d, want 1 (the old rebuild's commit)", s.Fenced)
+	}
+}
+
+func testReadYourWritesBegin(t *testing.T, b backend) {
+	c := newTestCache(t, b.rdb, nil)
+	key := testKey(t)
+	ctx := context.Background()
+	_, fill, err := c.Begin(ctx, key, time.Minute, nil)
+	if err != nil || fill == nil || !fill.Leased() {
+		t.Fatalf("first Begin = (%v, %v), want a leased Fill", fill, err)
+	}
+	// The builder read v1; the writer invalidates; a Begin starts after.
+	if err := c.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	type answer struct {
+		hit  *Hit
+		fill *Fill
+		err  error
+	}
+	after := make(chan answer, 1)
+	go func() {
+		h, f, err := c.Begin(ctx, key, time.Minute, nil)
+		after <- answer{h, f, err}
+	}()
+	time.Sleep(50 * time.Millisecond) // not a timing assertion: lets it wait on the local Fill
+	if err := fill.Commit([]byte("v1"), time.Minute, 0); err != nil {
+		t.Fatal(err)
+	}
+	a := <-after
+	if a.hit != nil {
+		t.Fatalf("a Begin started after Invalidate returned got the old builder's value %q", a.hit.Value)
+	}
+	if a.err != nil || a.fill == nil || !a.fill.Leased() {
+		t.Fatalf("a Begin started after Invalidate = (%v, %v), want a leased Fill of its own", a.fill, a.err)
+	}
+	if err := a.fill.Commit([]byte("v2"), time.Minute, 0); err != nil {
+		t.Fatal(err)
+	}
+	h, _, err := c.Begin(ctx, key, time.Minute, nil)
+	if err != nil || h == nil || string(h.Value) != "v2" {
+		t.Errorf("Begin after the new commit = (%v, %v), want the hit v2", h, err)
+	}
+}
+
+// TestReadYourWritesAcrossProcesses: the same promise when the write comes
+// from another process while this process's lookup is on the wire: the
+// reply to this process's GET is held back (a slow link), the other
+// process's Invalidate lands and returns, and a Get that starts in this
+// process after that must not be answered by the GET that ran before the
+// write.
+func TestReadYourWritesAcrossProcesses(t *testing.T) {
+	r := newFaultRig(t)
+	ctx := context.Background()
+	key := "ryw-remote"
+	slowClient := r.client(timeouts{read: 10 * time.Second})
+	// One warm connection, so the GET goes out at once (a dial's handshake
+	// would be held back by the proxy too).
+	if err := slowClient.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	slow := r.cache(slowClient, nil)
+	writer := r.cache(r.direct, nil)
+	if err := writer.Set(ctx, key, []byte("v1"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	const hold = 600 * time.Millisecond
+	r.proxy.SetLatency(faultproxy.Downstream, hold)
+	first := make(chan result, 1)
+	go func() {
+		v, err := slow.Get(ctx, key, time.Minute, func(context.Context) ([]byte, error) { return []byte("loaded"), nil })
+		first <- result{val: v, err: err}
+	}()
+	// The GET runs on the server at once; its reply is held by the proxy.
+	waitFor(t, 5*time.Second, "the GET to reach the server", func() bool {
+		return r.proxy.Stats().Accepted > 0
+	})
+	time.Sleep(hold / 4) // not a timing assertion: the GET has run by now
+	if err := writer.Set(ctx, key, []byte("v2"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	second := make(chan result, 1)
+	go func() {
+		v, err := slow.Get(ctx, key, time.Minute, func(context.Context) ([]byte, error) { return []byte("loaded"), nil })
+		second <- result{val: v, err: err}
+	}()
+	time.Sleep(hold / 4) // lets the second Get join the first's flight
+	r.proxy.SetLatency(faultproxy.Downstream, 0)
+	if got := <-first; got.err != nil {
+		t.Fatalf("first Get: %v", got.err)
+	}
+	if got := <-second; got.err != nil || string(got.val) != "v2" {
+		t.Fatalf("a Get started after another process's Set returned got (%q, %v), want v2", got.val, got.err)
+	}
+}
+
+// TestDefaultsWaitForSlowRebuild: with default Options, three Caches and
+// a rebuild slower than twice the default lease: the followers wait while
+// the leader's watchdog renews its lease (up to MaxHold), so the origin is
+// called once, not three times.
+func TestDefaultsWaitForSlowRebuild(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	key := testKey(t)
+	var caches []*Cache
+	for range 3 {
+		caches = append(caches, newTestCache(t, srv.Client(t), nil))
+	}
+	lease := caches[0].leaseFor(key)
+	rebuild := 2*lease + lease/2 // past the old budget of 2 leases
+	var calls atomic.Int64
+	load := func(ctx context.Context) ([]byte, error) {
+		calls.Add(1)
+		select {
+		case <-time.After(rebuild):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return []byte("slow"), nil
+	}
+	res := wave(ctx, caches, 2, key, load)
+	for _, r := range res {
+		if r.err != nil || string(r.val) != "slow" {
+			t.Errorf("a caller got (%q, %v), want the one rebuild's value", r.val, r.err)
+		}
+	}
+	if n := calls.Load(); n != 1 {
+		t.Errorf("origin calls = %d, want 1 (lease %v, rebuild %v)", n, lease, rebuild)
+	}
+	st := sumStats(caches...)
+	if st.WaitTimeouts != 0 || st.LocalLoads != 0 {
+		t.Errorf("followers gave up: WaitTimeouts %d, LocalLoads %d", st.WaitTimeouts, st.LocalLoads)
+	}
+}
+
+// TestBeginHonoursCallerDeadline: with every Redis reply 600 ms late, a
+// Begin with a 50 ms deadline returns its context's error long before a
+// reply could come, and the Fill its lookup wins afterwards is given up
+// (the lease is released without counting a failure).
+func TestBeginHonoursCallerDeadline(t *testing.T) {
+	r := newFaultRig(t)
+	c := r.cache(r.client(timeouts{read: 10 * time.Second}), nil)
+	key := "begin-deadline"
+	keys := mustKeys(t, key)
+	const late = 600 * time.Millisecond
+	r.proxy.SetLatency(faultproxy.Downstream, late)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	hit, fill, err := c.Begin(ctx, key, time.Minute, nil)
+	took := time.Since(start)
+	if !errors.Is(err, context.DeadlineExceeded) || hit != nil || fill != nil {
+		t.Fatalf("Begin = (%v, %v, %v), want context.DeadlineExceeded", hit, fill, err)
+	}
+	if took >= late {
+		t.Errorf("Begin returned after %v, at or past the %v a Redis reply takes: it waited for Redis", took, late)
+	}
+	// The abandoned lookup wins the lease on the slow link and gives it up.
+	if !until(10*time.Second, func() bool {
+		return c.Stats().Leads == 1 && r.direct.Exists(context.Background(), keys.lease).Val() == 0
+	}) {
+		t.Fatalf("the abandoned lookup's lease was not released: leads %d, lease exists %d",
+			c.Stats().Leads, r.direct.Exists(context.Background(), keys.lease).Val())
+	}
+	if s := c.Stats(); s.LoadErrors != 0 {
+		t.Errorf("LoadErrors = %d, want 0: a caller leaving is not a failed rebuild", s.LoadErrors)
+	}
+}
+
+// TestWriteRetryIsNoOp: go-redis sends a script again when its reply was
+// lost, and by then a newer write may have landed. A retried Set or
+// Invalidate (the same write id) must not undo it.
+func TestWriteRetryIsNoOp(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx := context.Background()
+			c := newTestCache(t, b.rdb, nil)
+			key := testKey(t)
+			k := mustKeys(t, key)
+			env := func(v string) []byte {
+				return c.newEnvelope(0, []byte(v), time.Minute, 0, 0).encode()
+			}
+			set := func(id, v string) string {
+				t.Helper()
+				n, err := setScript.Run(ctx, b.rdb, []string{k.value, k.fence, k.writes + id},
+					env(v), 60000, 60000, c.notify.publishCmd(ctx), k.channel, 1<<14, 60000).Text()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			stored := func() string {
+				t.Helper()
+				e, ok := decodeEnvelope([]byte(b.rdb.Get(ctx, k.value).Val()))
+				if !ok {
+					return "<none>"
+				}
+				return string(e.payload)
+			}
+			first := set("a", "old")
+			set("b", "new")
+			fence := b.rdb.HGet(ctx, k.fence, "n").Val()
+			if again := set("a", "old"); again != first {
+				t.Errorf("retried Set returned fence %s, want its first answer %s", again, first)
+			}
+			if got := stored(); got != "new" {
+				t.Errorf("after a retried Set the value is %q, want the newer Set's %q", got, "new")
+			}
+			if got := b.rdb.HGet(ctx, k.fence, "n").Val(); got != fence {
+				t.Errorf("a retried Set advanced the fence from %s to %s", fence, got)
+			}
+
+			inv := func(id string) {
+				t.Helper()
+				if err := invalidateScript.Run(ctx, b.rdb, []string{k.value, k.fence, k.writes + id}, 60000, 60000).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			inv("c")
+			set("d", "after")
+			inv("c")
+			if got := stored(); got != "after" {
+				t.Errorf("a retried Invalidate deleted the newer Set's value (now %q)", got)
+			}
+		})
+	}
+}
