@@ -88,8 +88,8 @@ type Cache struct {
 	rand func() float64   // uniform in [0, 1) for XFetch; tests inject a seeded one
 }
 
-// New returns a Cache on rdb: a *redis.Client, a *redis.ClusterClient or a
-// failover client. A nil opt means the defaults of [Options]. It panics on
+// New returns a Cache on rdb: a *redis.Client, a *redis.ClusterClient, a
+// *redis.Ring or a failover client. A nil opt means the defaults of [Options]. It panics on
 // a nil client or an invalid option.
 //
 // Bound every Redis call with the client's own ReadTimeout and
@@ -166,7 +166,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// A caller that joins a flight whose answer may predate a write it
 	// has seen returned takes the next flight instead (read-your-writes).
 	// That flight starts after this caller joined, so its answer is
-	// current for it: one more round at most (the bound is a safety net).
+	// current for it: one more round at most.
 	joined, writes := time.Now(), c.writesOf(key)
 	for round := 0; ; round++ {
 		ch := c.group.DoChan(key, func() (any, error) {
@@ -187,7 +187,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			return nil, ctx.Err()
 		case r := <-ch:
 			res := r.Val.(*flightResult)
-			if round < 2 && !res.answers(joined, writes, r.Err) {
+			if round == 0 && !res.answers(joined, writes, r.Err) {
 				continue
 			}
 			recordOutcome(ctx, res.outcome)

@@ -31,7 +31,8 @@
 // publishes the wake-up (carrying the value when it is small) and releases
 // the lease. A leader's miss is three round trips. The others, followers,
 // subscribe to the key's channel (one shared pub/sub connection per Cache;
-// sharded pub/sub on Redis Cluster 7+), look once more, and wait.
+// one per master with sharded pub/sub on Redis Cluster 7+, one per shard
+// on a Ring), look once more, and wait.
 //
 // [Cache.Set] and [Cache.Invalidate] advance the key's fence first, so a
 // rebuild that started before them can never write its older value after
@@ -91,9 +92,12 @@
 //
 //   - A leader process dies or stalls: followers take over when its lease
 //     lapses; a stalled leader's commit is fenced ([Stats].Fenced).
-//   - The pub/sub connection drops: followers poll; the connection comes
-//     back by itself and resubscribes, and the confirmation makes waiters
-//     look again.
+//   - The pub/sub connection drops (a network error, a killed client,
+//     the server's pub/sub output-buffer limit): followers poll; the
+//     connection comes back by itself and herd subscribes its channels
+//     again (on Cluster, one SSUBSCRIBE per channel: one command of
+//     several slots' channels would be refused), and the confirmation
+//     makes waiters look again.
 //   - A reply is lost after the server ran a command: go-redis re-sends
 //     it, and the scripts recognise their own earlier run.
 //   - A loader ignores its context: it is abandoned at its timeout (its
@@ -149,7 +153,17 @@
 // one pub/sub connection per master, so a message reaches only the node
 // that owns the key; on older servers plain pub/sub is used. A master that
 // fails over loses its leases: at worst one extra rebuild per key, and the
-// fence (seeded from the server clock) keeps a stale write out.
+// fence (seeded from the server clock) keeps a stale write out. A slot
+// that migrates takes its channels' subscriptions with it: waiters on its
+// keys poll until they next subscribe.
+//
+// # Redis Ring
+//
+// A *redis.Ring works too: a key's names and channel share its hash tag,
+// so the Ring sends them to one shard, and herd keeps one pub/sub
+// connection per shard. A Ring has no replication: a shard that goes down
+// loses its leases, like a cluster master, and the Ring moves its keys to
+// the other shards.
 //
 // Values are read from masters, never from replicas, which may lag behind
 // a Set or Invalidate their master has already answered. The scripts

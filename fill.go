@@ -38,9 +38,11 @@ type Fill struct {
 type localFill struct {
 	waiters int // callers waiting on it (guarded by Cache.fillMu)
 	done    chan struct{}
-	hit     *Hit     // set before done is closed on Commit
-	err     error    // set before done is closed on Abort
-	cur     currency // set before done is closed: for whom hit is current
+	hit     *Hit            // set before done is closed on Commit
+	err     error           // set before done is closed on Abort
+	cur     currency        // set before done is closed: for whom hit is current
+	lost    <-chan struct{} // the builder's lease is lost (nil: unleased)
+	refused error           // set before done is closed: the answer of callers hit is not current for (nil: look again)
 }
 
 // errYielded tells the callers waiting on a Fill that its builder gave it
@@ -54,8 +56,10 @@ var errYielded = errors.New("herd: the fill was given up")
 //   - a *Hit: a fresh value, a stale one within its stale window, or the
 //     value another caller just built. When a stale or early hit starts a
 //     background refresh (under the key's lease, as for [Cache.Get]),
-//     refresh, if not nil, is called first, in Begin's goroutine, and the
-//     LoadFunc it returns runs in the background: refresh must capture
+//     refresh, if not nil, is called first, while Begin's caller is still
+//     waiting in Begin (never after Begin returned; then no refresh
+//     starts), and the LoadFunc it returns runs in the background: refresh
+//     must capture
 //     everything the load needs from the caller, whose state (an HTTP
 //     request's context values, say) may be gone by then;
 //   - a *Fill: this caller must build the value and Commit or Abort it.
@@ -101,9 +105,21 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 		mu   sync.Mutex
 		gone bool // the caller left; guarded by mu
 	)
+	prepare := refresh
+	if refresh != nil {
+		// The caller's state is safe to read only while it waits here.
+		prepare = func() LoadFunc {
+			mu.Lock()
+			defer mu.Unlock()
+			if gone {
+				return nil
+			}
+			return refresh()
+		}
+	}
 	go func() {
 		defer c.wg.Done()
-		hit, fl, err := c.begin(ctx, key, keys, ttl, refresh, joined, writes)
+		hit, fl, err := c.begin(ctx, key, keys, ttl, prepare, joined, writes)
 		mu.Lock()
 		defer mu.Unlock()
 		if gone {
@@ -137,6 +153,7 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 // the key's local write count then: a local Fill whose value may predate a
 // write the caller saw is not its answer.
 func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.Duration, refresh func() LoadFunc, joined time.Time, writes uint64) (*Hit, *Fill, error) {
+	timedOut := false
 	for round := 0; round < 3; round++ {
 		hit, err, waited := c.waitLocalFill(ctx, key, joined, writes)
 		if !waited {
@@ -145,13 +162,23 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 		if errors.Is(err, errYielded) {
 			continue // its builder's caller left: look again
 		}
+		if errors.Is(err, ErrWaitTimeout) {
+			timedOut = true // the budget is spent: Fallback applies
+			break
+		}
 		if hit != nil {
 			c.sig.lookup(key, OutcomeFollower)
 		}
 		return hit, nil, err
 	}
 	f := &flight{key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx}
-	val, err := c.run(f)
+	var val []byte
+	var err error
+	if timedOut {
+		val, err = c.fallback(f, c.localWaitBudget(key))
+	} else {
+		val, err = c.run(f)
+	}
 	c.sig.lookup(key, f.outcome)
 	switch {
 	case f.claim != nil || f.unleased:
@@ -177,12 +204,7 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time,
 	if lf == nil {
 		return nil, nil, false
 	}
-	// The Fill is alive until it commits or aborts (its builder holds and
-	// renews the lease up to MaxHold): by default wait for it that long.
-	budget := c.cfg.WaitTimeout
-	if budget == 0 {
-		budget = c.cfg.MaxHold + c.leaseFor(key)
-	}
+	budget := c.localWaitBudget(key)
 	limit := time.NewTimer(budget)
 	defer limit.Stop()
 	select {
@@ -193,18 +215,41 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time,
 	case <-limit.C:
 		c.stats.waitTimeouts.Add(1)
 		return nil, fmt.Errorf("%w: %q: no value after waiting %v for this process's rebuild", ErrWaitTimeout, key, budget), true
+	case <-lf.lost:
+		// The builder lost its lease (it ran past MaxHold, or Redis lost
+		// it): another process may rebuild the key now. Stop waiting for
+		// this Fill, and let later callers not wait for it either.
+		c.fillMu.Lock()
+		if c.fills[key] == lf {
+			delete(c.fills, key)
+		}
+		c.fillMu.Unlock()
+		return nil, errYielded, true
 	case <-lf.done:
 	}
 	if lf.err != nil {
 		return nil, lf.err, true
 	}
 	if !lf.cur.answers(joined, writes) {
+		if lf.refused != nil {
+			return nil, lf.refused, true
+		}
 		return nil, errYielded, true
 	}
 	h := *lf.hit
 	h.Value = bytes.Clone(h.Value)
 	h.Outcome = OutcomeFollower
 	return &h, nil, true
+}
+
+// localWaitBudget is how long a caller waits for a Fill of its own
+// process. The Fill is alive until it commits or aborts (its builder holds
+// and renews the lease up to MaxHold): by default wait for it that long.
+func (c *Cache) localWaitBudget(key string) time.Duration {
+	if c.cfg.WaitTimeout > 0 {
+		return c.cfg.WaitTimeout
+	}
+	return c.cfg.MaxHold + c.leaseFor(key)
 }
 
 func (c *Cache) newFill(f *flight, lease *Lease) *Fill {
@@ -215,6 +260,9 @@ func (c *Cache) newFill(f *flight, lease *Lease) *Fill {
 	c.fillMu.Lock()
 	if c.fills[f.key] == nil {
 		fl.local = &localFill{done: make(chan struct{})}
+		if lease != nil {
+			fl.local.lost = lease.Lost()
+		}
 		c.fills[f.key] = fl.local
 	}
 	c.open[fl] = struct{}{}
@@ -265,12 +313,20 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		err := fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(val), fl.c.cfg.MaxValueBytes)
 		fl.once.Do(func() {
 			fl.unregister()
+			cur := fl.unleasedCurrency()
 			if fl.lease != nil {
 				fl.lease.finish()
-				fl.c.releaseDetached(fl.f, fl.lease, failMessage(failNotShared, fl.lease, err.Error()), 0)
+				if sent, current := fl.c.releaseDetached(fl.f, fl.lease, failMessage(failNotShared, fl.lease, err.Error()), 0); current {
+					cur = currency{from: sent} // no write since the lease: the value is current
+				}
 			}
 			now := fl.c.now()
-			fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: now, Expires: now.Add(ttl)}, nil, currency{unchecked: true, writes: fl.writes})
+			// Callers for whom the value may predate a write they saw
+			// build it themselves, as the other processes' callers do.
+			if fl.local != nil {
+				fl.local.refused = fmt.Errorf("%w: %q: %w", ErrNotShared, fl.f.key, err)
+			}
+			fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: now, Expires: now.Add(ttl)}, nil, cur)
 		})
 		return err
 	}
@@ -280,7 +336,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		delta := time.Since(fl.start)
 		env := c.newEnvelope(0, val, c.jitter(ttl), max(staleFor, 0), delta)
 		c.sig.load(fl.f.key, delta, nil, fl.lease != nil)
-		cur := currency{unchecked: true, writes: fl.writes} // unleased: not checked
+		cur := fl.unleasedCurrency()
 		if fl.lease != nil {
 			fl.lease.finish()
 			c.stats.loads.Add(1)
@@ -330,6 +386,16 @@ func (fl *Fill) Abort(cause error) {
 		}
 		fl.resolve(nil, err, currency{})
 	})
+}
+
+// unleasedCurrency is the currency of a value this Fill built that Redis
+// did not confirm: checked by nothing when Redis was unreachable, current
+// from the build's start otherwise.
+func (fl *Fill) unleasedCurrency() currency {
+	if fl.f.redisDown {
+		return currency{unchecked: true, writes: fl.writes}
+	}
+	return currency{from: fl.start}
 }
 
 // yield gives the Fill up without a failure, when the caller it was

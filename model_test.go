@@ -239,7 +239,7 @@ func TestModelScriptConformance(t *testing.T) {
 		"invalidate: num",
 		"invalidate retried: num",
 		"acquire after invalidate: [1 num]",
-		"release: 1",
+		"release: 2",
 		"release retried: 1",
 		"acquire, then a failed load's release: 1",
 		"acquire miss mode, the awaited leader failed: [4 str]",

@@ -108,8 +108,14 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 	load := f.refresh
 	if f.prepare != nil {
 		// Begin's caller captures what the refresh needs from it now,
-		// while it is still running (an HTTP request's state).
-		load = f.prepare()
+		// while it is still waiting in Begin (an HTTP request's state).
+		// nil: the caller has left; there is nothing safe to capture.
+		if load = f.prepare(); load == nil {
+			delete(c.refreshing, f.key)
+			<-c.refreshSem
+			c.wg.Done()
+			return
+		}
 	}
 	rf := &flight{key: f.key, keys: f.keys, ttl: f.ttl, load: load, refresh: load}
 	fence := (&envelope{fence: seen.fence}).encode()[2:10]

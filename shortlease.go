@@ -52,7 +52,8 @@ type Locker struct {
 }
 
 // NewLocker returns a Locker that keeps its leases in rdb, which may be a
-// *redis.Client, a *redis.ClusterClient or a failover client. A nil opt
+// *redis.Client, a *redis.ClusterClient, a *redis.Ring or a failover
+// client. A nil opt
 // means the defaults of [LockerOptions]. It panics on an invalid option.
 func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
 	if rdb == nil {
@@ -148,6 +149,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	}
 	if errors.Is(serr, ErrClosed) {
 		return nil, serr
+	}
+	if serr != nil && ctx.Err() != nil {
+		// subscribe gave up when ctx ended.
+		return nil, errors.Join(ErrLeaseHeld, ctx.Err())
 	}
 
 	backoff := l.cfg.pollMin
@@ -499,7 +504,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("herd: release lease %q: %w", l.key, err)
 	}
-	if ok != 1 {
+	if ok == 0 {
 		return fmt.Errorf("%w: %q: it expired or passed to another owner before release", ErrLeaseLost, l.key)
 	}
 	l.mu.Lock()
@@ -509,7 +514,8 @@ func (l *Lease) Release(ctx context.Context) error {
 }
 
 // releaseWith runs the RELEASE script, publishing msg to the key's waiters
-// when the lease was still ours. It reports 1 when released (now or by an
+// when the lease was still ours. It reports 2 when released now with the
+// key's fence still this lease's, 1 when released otherwise (now or by an
 // earlier try of the same call) and 0 when the lease was not ours.
 func (l *Lease) releaseWith(ctx context.Context, msg string) (int, error) {
 	return l.releaseFailed(ctx, msg, 0, 0, 0)

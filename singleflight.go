@@ -34,9 +34,10 @@ type flight struct {
 	// a lease won while following is handed to the caller (claim) instead
 	// of running a loader; unleased asks the caller to build the value
 	// without a lease (the wait budget is spent).
-	caller   context.Context
-	claim    *Lease
-	unleased bool
+	caller    context.Context
+	claim     *Lease
+	unleased  bool
+	redisDown bool // the flight could not use Redis (see currency)
 
 	// awaited is the fence of the leader a follower waits for (from the
 	// held ACQUIRE reply): its failure, by message or by the failure marker
@@ -63,11 +64,14 @@ type currency struct {
 	// fenced commit, the load began then). It answers callers that joined
 	// at or before it.
 	from time.Time
-	// unchecked: the value could not be checked against Redis (Redis
-	// unreachable, a failed commit, a value not stored). It answers every
-	// caller unless a Set or Invalidate of the key in this process
-	// returned after the load began (writes counted the key's write count
-	// then); writes by other processes cannot be seen without Redis.
+	// unchecked: a value loaded while Redis is unreachable, which no
+	// Redis command can check. It answers every caller unless a Set or
+	// Invalidate of the key in this process returned after the load began
+	// (writes counted the key's write count then); writes by other
+	// processes cannot be seen without Redis. Every other value that
+	// Redis did not confirm (a fenced or failed commit, a value not
+	// stored, a load after the wait budget) is current from the load's
+	// start.
 	unchecked bool
 	writes    uint64
 }
@@ -285,7 +289,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 		f.cur = c.commit(f, lease, env, start, writes)
 		return nil, ErrNotFound
 	}
-	f.cur = currency{unchecked: true, writes: writes} // a not-found that is not stored
+	f.cur = currency{from: start} // a not-found that is not stored
 
 	if errors.Is(err, ErrClosed) {
 		// This process is shutting down: hand the rebuild to another
@@ -314,8 +318,8 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 		c.stats.refreshErrors.Add(1) // after the backoff is in Redis
 		c.sig.refresh(f.key, RefreshFailed)
 		c.log(slog.LevelWarn, "herd: refresh failed; serving the stale value while refreshes back off", "key", f.key, "err", err)
-	} else {
-		c.releaseDetached(f, lease, msg, 0)
+	} else if sent, current := c.releaseDetached(f, lease, msg, 0); current {
+		f.cur = currency{from: sent} // no write since the lease: the not-found is current
 	}
 	if notFound {
 		return nil, ErrNotFound
@@ -324,9 +328,11 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 }
 
 // releaseDetached releases the lease after a load that produced no value,
-// waking the followers with msg. It runs even while Close cancels c.ctx,
-// bounded by its own timeout.
-func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff time.Duration) {
+// waking the followers with msg (a failure message becomes a plain release
+// when the key's fence moved on: see release.lua). It runs even while
+// Close cancels c.ctx, bounded by its own timeout. current reports that
+// the fence was still the lease's when the script, sent at sent, ran.
+func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff time.Duration) (sent time.Time, current bool) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), time.Second)
 	defer cancel()
 	var marker time.Duration
@@ -335,10 +341,13 @@ func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff tim
 		// again: its next poll, or its subscription's confirmation.
 		marker = max(lease.ttl, 2*c.cfg.PollMax)
 	}
-	if _, err := lease.releaseFailed(ctx, msg, backoff, c.cfg.RefreshBackoffMax, marker); err != nil {
+	sent = time.Now()
+	n, err := lease.releaseFailed(ctx, msg, backoff, c.cfg.RefreshBackoffMax, marker)
+	if err != nil {
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: could not release the lease after a load without value; followers wait for it to expire", "key", f.key, "err", err)
 	}
+	return sent, n == 2
 }
 
 // commit runs the COMMIT script. The value goes to the local callers
@@ -363,7 +372,7 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 		c.sig.commit(f.key, CommitError)
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
-		return currency{unchecked: true, writes: writes}
+		return currency{from: loadStart}
 	case ok == 0:
 		c.stats.fenced.Add(1)
 		c.sig.commit(f.key, CommitFenced)
@@ -410,13 +419,15 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 	// The budget: WaitTimeout when set. By default, twice the lease,
 	// renewed for as long as a live holder keeps its lease (it renews it
 	// while it rebuilds, up to MaxHold), so a slow rebuild is waited for
-	// rather than duplicated; up to MaxHold plus one lease in all.
+	// rather than duplicated; up to MaxHold plus one lease per holder.
 	budget := c.cfg.WaitTimeout
 	renewing := budget == 0
 	if renewing {
 		budget = 2 * c.leaseFor(f.key)
 	}
-	hardEnd := start.Add(c.cfg.MaxHold + c.leaseFor(f.key))
+	// The cap counts from when the current holder was first seen: a new
+	// holder (a takeover, a hand-over) may renew up to MaxHold again.
+	hardEnd, hardFor := start.Add(c.cfg.MaxHold+c.leaseFor(f.key)), f.awaited
 	limit := time.NewTimer(budget)
 	defer limit.Stop()
 
@@ -460,7 +471,10 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 				}
 				if p > 0 { // a holder keeps its lease: it is rebuilding
 					pttl = p
-					limit.Reset(min(budget, left))
+					if f.awaited != hardFor {
+						hardEnd, hardFor = time.Now().Add(c.cfg.MaxHold+c.leaseFor(f.key)), f.awaited
+					}
+					limit.Reset(min(budget, time.Until(hardEnd)))
 					continue
 				}
 			}
@@ -588,6 +602,7 @@ func (c *Cache) fallback(f *flight, budget time.Duration) ([]byte, error) {
 // redisDown handles a flight that cannot use Redis.
 func (c *Cache) redisDown(f *flight, cause error) ([]byte, error) {
 	f.outcome = OutcomeFallback
+	f.redisDown = true
 	if c.cfg.FailClosed {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, cause)
 	}
@@ -627,7 +642,10 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 	}
 	c.stats.localLoads.Add(1)
 	start := time.Now()
-	f.cur = currency{unchecked: true, writes: c.writesOf(f.key)}
+	f.cur = currency{from: start}
+	if f.redisDown {
+		f.cur = currency{unchecked: true, writes: c.writesOf(f.key)}
+	}
 	val, err := c.runLoader(f.load, c.cfg.LoadTimeout, &expiry{})
 	c.sig.load(f.key, time.Since(start), err, false)
 	switch {
