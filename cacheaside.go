@@ -246,7 +246,8 @@ const writeMarkerTTL = time.Minute
 // key's fence first, so a rebuild that started before Set can never
 // overwrite val, and wakes callers waiting on the key. Errors: those of
 // Get's arguments, [ErrValueTooLarge], [ErrClosed] after Close, or the
-// wrapped Redis error.
+// wrapped Redis error. When ctx ends first, Set returns at once with an
+// error wrapping ctx.Err(); the write may still land.
 func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
 	if c.isClosed() {
 		return ErrClosed
@@ -263,10 +264,11 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 	}
 	ttl = c.jitter(ttl)
 	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).encode()
-	err = setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
-		env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds()).Err()
-	c.wrote(key) // even on an error: the write may have run
+	err = c.untilDone(ctx, key, func() error {
+		return setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
+			env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
+			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds()).Err()
+	})
 	if err != nil {
 		return fmt.Errorf("herd: set %q: %w", key, err)
 	}
@@ -277,7 +279,8 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 // trip: a rebuild in flight when Invalidate runs cannot write its value
 // afterwards (the stale-set race that memcache leases close); the next Get
 // loads again. Errors: [ErrInvalidKey], [ErrClosed] after Close, or the
-// wrapped Redis error.
+// wrapped Redis error. When ctx ends first, Invalidate returns at once
+// with an error wrapping ctx.Err(); the write may still land.
 func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	if c.isClosed() {
 		return ErrClosed
@@ -286,13 +289,48 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	err = invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
-		c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds()).Err()
-	c.wrote(key) // even on an error: the write may have run
+	err = c.untilDone(ctx, key, func() error {
+		return invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
+			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds()).Err()
+	})
 	if err != nil {
 		return fmt.Errorf("herd: invalidate %q: %w", key, err)
 	}
 	return nil
+}
+
+// untilDone runs write, a Set or Invalidate of key, and returns its error,
+// or ctx.Err() as soon as ctx ends: go-redis does not give up a command
+// it has sent when its context is cancelled. The write may then still
+// land. Either way the key's local write count is raised before untilDone
+// returns, and again when the write ends (see currency).
+func (c *Cache) untilDone(ctx context.Context, key string, write func() error) error {
+	if ctx.Done() == nil {
+		err := write()
+		c.wrote(key) // even on an error: the write may have run
+		return err
+	}
+	c.mu.RLock()
+	if c.closed {
+		c.mu.RUnlock()
+		return ErrClosed
+	}
+	c.wg.Add(1)
+	c.mu.RUnlock()
+	done := make(chan error, 1)
+	go func() {
+		defer c.wg.Done()
+		err := write()
+		c.wrote(key)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		c.wrote(key)
+		return ctx.Err()
+	}
 }
 
 // writesOf returns the count of this Cache's returned writes of key's

@@ -131,10 +131,16 @@
 // # Tuning
 //
 //   - Lease length: calibrated per key class ([Options.KeyClass]) as
-//     LeaseFactor × the p99 of measured rebuild times, clamped to
-//     [MinLease, MaxLease], DefaultLease before any data. The watchdog
-//     renews it while the rebuild runs, so the lease only needs to cover
-//     the time a crashed leader blocks the key; MaxHold caps a stuck one.
+//     LeaseFactor × a tail estimate of recent successful rebuild times
+//     (this process's and, through the rebuild time in every value it
+//     reads, other processes'), clamped to [MinLease, MaxLease];
+//     DefaultLease for a class with too little recent data. Failed,
+//     timed-out and panicked loads are not samples, one or two slow
+//     rebuilds never move the lease, and old samples stop counting after
+//     at most 146 later rebuilds of the class or 546 s, whichever comes
+//     first ([Options.LeaseFactor] has the details). The watchdog renews
+//     the lease while the rebuild runs, so it only needs to cover the time
+//     a crashed leader blocks the key; MaxHold caps a stuck one.
 //   - Wait budget: by default a follower waits twice the lease, renewed
 //     while the lease is still held, up to MaxHold plus one lease; an
 //     explicit [Options.WaitTimeout] is a hard bound, then
@@ -230,6 +236,47 @@
 // writing after the next holder did. The protected resource must check the
 // token: [FencedStore] is such a resource in Redis, accepting a write only
 // when its token is at least the highest it has seen.
+//
+// # Redlock
+//
+// [Redlock] is the same lock over N independent Redis masters (N odd, at
+// least 3): a lease is held when a majority granted it, so it survives the
+// loss, or the pause, of up to N/2 masters.
+//
+//	rl := herd.NewRedlock([]redis.UniversalClient{rdb1, rdb2, rdb3}, nil)
+//	defer rl.Close()
+//	lease, err := rl.TryAcquire(ctx, "nightly-report", 30*time.Second)
+//
+// It acquires on every master in parallel, each round bounded by
+// [RedlockOptions.NodeTimeout], and holds only if a quorum granted it
+// with validity left (the lease length less the time taken and a drift
+// allowance); otherwise it releases everywhere at once. Too few masters
+// answering is [ErrNoQuorum]. [RedlockLease.Token] is a quorum fencing
+// token: a second round raises a quorum of the masters' counters to one
+// more than the highest a quorum reported, so tokens strictly increase
+// from one holder to the next although each master counts on its own. A
+// master restarted without persistence must stay out for one maximum
+// lease length before it rejoins, or a lock it forgot can be taken twice.
+// The protocol and its proof are in docs/design.md.
+//
+// # Which lock
+//
+// [Locker] and [Redlock] both implement [Lock], and their leases
+// [LeaseHandle]. Pick by what a second holder would cost:
+//
+//   - An efficiency lock (a duplicate run only wastes work: a cache
+//     rebuild, a report made twice): a single Redis, [Locker]. It is one
+//     round trip; a failover or a restart of that Redis can hand the lock
+//     to a second owner for one lease.
+//   - A lock that must survive a node loss: [Redlock], with up to N/2 of
+//     its masters down or stalled, at the cost of two parallel round
+//     trips per acquire, N masters to run, and the restart rule.
+//   - Correctness (a duplicate run would corrupt data or money): no lock
+//     is enough on its own, because a holder that pauses past its lease
+//     (a GC pause, a stalled VM) wakes up still believing it holds it.
+//     Pass the lease's token to the resource and have the resource refuse
+//     lower tokens ([FencedStore], or a conditional write in your
+//     database), whichever lock you use.
 //
 // # Keys
 //

@@ -76,10 +76,21 @@ var (
 	// loads locally instead.
 	ErrUnavailable = errors.New("herd: redis unavailable")
 
+	// ErrNoQuorum is returned by [Redlock] calls when fewer than a quorum
+	// (N/2+1) of its masters answered in time, joined with the masters'
+	// errors: TryAcquire and Acquire (which then holds nothing: what it
+	// took is released), [RedlockLease.Extend] (the lease is left as it
+	// was; Lost closes when its validity runs out) and
+	// [RedlockLease.Release] (the masters that did not answer keep the
+	// lease until it expires). It also wraps an acquire that a quorum
+	// granted only after the lease's validity was spent.
+	ErrNoQuorum = errors.New("herd: no quorum of Redis masters")
+
 	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
 	// its Close: TryAcquire, Acquire (also one waiting when Close is
 	// called), Get, [Fetch], Begin, Set and Invalidate. A [Lease] handed
-	// out before Close can still be extended and released.
+	// out before Close can still be extended and released. Every call on a
+	// [Redlock] or its leases after the Redlock's Close returns it too.
 	ErrClosed = errors.New("herd: closed")
 )
 

@@ -20,7 +20,8 @@ type Hit struct {
 
 // Fill is a rebuild that the caller performs itself, returned by
 // [Cache.Begin]: build the value, then call [Fill.Commit], or
-// [Fill.Abort] if there is none. Exactly one of them takes effect;
+// [Fill.Abort] if there is none ([Fill.Handover] if the caller gives up
+// for a reason of its own). Exactly one of them takes effect;
 // deferring Abort is safe. Until then the key's lease is held (and
 // renewed) and other callers of the key, in this process and others,
 // wait for the outcome.
@@ -340,7 +341,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		if fl.lease != nil {
 			fl.lease.finish()
 			c.stats.loads.Add(1)
-			c.calib.Observe(c.cfg.KeyClass(fl.f.key), delta)
+			c.observeLoad(fl.f, fl.lease.token, delta, nil)
 			env.fence = fl.lease.token
 			cur = c.commit(fl.f, fl.lease, env, fl.start, fl.writes)
 		}
@@ -413,6 +414,16 @@ func (fl *Fill) yield() {
 		fl.resolve(nil, errYielded, currency{})
 	})
 }
+
+// Handover ends the Fill without a value and without a failure: the
+// caller building it gave up for a reason of its own (an HTTP client that
+// went away), not because the value cannot be built. The lease is
+// released at once, so a caller waiting in another process takes the
+// rebuild over, and the callers of [Cache.Begin] waiting in this process
+// look again (one of them leads) instead of getting an error. Nothing is
+// counted as a load error, and no Load is reported to the Observer.
+// Calls after the first Commit, Abort or Handover do nothing.
+func (fl *Fill) Handover() { fl.yield() }
 
 // resolve hands the outcome to this process's waiters.
 func (fl *Fill) resolve(hit *Hit, err error, cur currency) {

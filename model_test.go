@@ -223,8 +223,8 @@ func TestModelScriptConformance(t *testing.T) {
 	want := []string{
 		"acquire: [1 num]",
 		"acquire retried: [1 num]",
-		"acquire by another: [0 int num]",
-		"acquire miss mode, lease held, no value: [0 int num]",
+		"acquire by another: [0 int num num]",
+		"acquire miss mode, lease held, no value: [0 int num num]",
 		"extend own: 1",
 		"extend foreign: 0",
 		"commit: 1",

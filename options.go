@@ -257,11 +257,29 @@ type Options struct {
 	BreakerThreshold int
 	BreakerCooldown  time.Duration
 
-	// Lease length calibration: a key's lease is LeaseFactor × the p99 of
-	// its measured rebuild times (also learned from other processes'
-	// rebuilds), clamped to [MinLease, MaxLease]; DefaultLease while
-	// nothing is known. The watchdog renews it while the rebuild runs.
-	// Defaults: 2, 250ms, 30s, 1s.
+	// Lease length calibration: a key's lease is LeaseFactor × a tail
+	// estimate of the recent rebuild times of its class (see KeyClass),
+	// clamped to [MinLease, MaxLease], or DefaultLease while the class has
+	// too little recent data. The watchdog renews the lease while the
+	// rebuild runs, so its length only bounds how long a crashed leader
+	// blocks the key. Defaults: 2, 250ms, 30s, 1s.
+	//
+	// Samples are the durations of successful rebuilds only (a value or
+	// ErrNotFound; failed, timed-out and panicked loads are not): this
+	// process's own, and other processes' learned from the rebuild time
+	// every stored value carries, on hits, wake-ups and takeovers, each
+	// rebuild counted once per process. A sample's weight halves with every
+	// 32 later rebuilds of its class and with every 2 minutes. The estimate
+	// is the rebuild time exceeded by at most a weight of 2 of the samples
+	// (about the p96 of the last 47 rebuilds), and a class needs a total
+	// weight of 5 to have one. Hence:
+	//   - one or two slow rebuilds never move the lease; three in a row do;
+	//   - samples, however many, stop counting on their own after at most
+	//     146 later rebuilds of their class or 546 s (about 9 minutes),
+	//     whichever comes first (m samples: 32·log2(m/2) rebuilds or
+	//     2 min × log2(m/2));
+	//   - a class without data, or rebuilt less often than about every 35 s,
+	//     gets DefaultLease, never an estimate pooled from other classes.
 	LeaseFactor                      float64
 	MinLease, MaxLease, DefaultLease time.Duration
 
@@ -269,7 +287,10 @@ type Options struct {
 	// so a key inherits the rebuild statistics of its class, and labels
 	// them for the Observer, which never sees raw keys. It must return a
 	// small, bounded set of classes. Default: for calibration every key is
-	// its own class (the number tracked is bounded); for the Observer, "".
+	// its own class; for the Observer, "". Calibration keeps a class as a
+	// 64-bit hash of its name, about 350 bytes whatever the name's length,
+	// and at most 10,000 classes (then the least recently observed of a
+	// random sample of 5 is dropped).
 	KeyClass func(key string) string
 
 	// Observer receives the cache's signals (lookups, loads, leases,

@@ -310,3 +310,34 @@ func TestWriteRetryIsNoOp(t *testing.T) {
 		})
 	}
 }
+
+// TestWritesHonourCallerDeadline: with every Redis reply 600 ms late, Set
+// and Invalidate with a 50 ms deadline return their context's error long
+// before a reply could come (go-redis itself waits for the reply of a
+// command it sent).
+func TestWritesHonourCallerDeadline(t *testing.T) {
+	r := newFaultRig(t)
+	c := r.cache(r.client(timeouts{read: 10 * time.Second}), nil)
+	const late = 600 * time.Millisecond
+	r.proxy.SetLatency(faultproxy.Downstream, late)
+	for _, write := range []string{"Set", "Invalidate"} {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		start := time.Now()
+		var err error
+		if write == "Set" {
+			err = c.Set(ctx, "w-deadline", []byte("v"), time.Minute)
+		} else {
+			err = c.Invalidate(ctx, "w-deadline")
+		}
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s = %v, want context.DeadlineExceeded", write, err)
+		}
+		if took >= late {
+			t.Errorf("%s returned after %v, at or past the %v a Redis reply takes: it waited for Redis", write, took, late)
+		}
+	}
+	r.proxy.SetLatency(faultproxy.Downstream, 0)
+	r.finish()
+}

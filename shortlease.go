@@ -222,6 +222,7 @@ type attempted struct {
 	value   []byte        // a value landed since the caller looked (no lease)
 	backoff bool          // refreshes are backing off (no lease)
 	failure string        // modeMiss: the awaited leader's failure message (no lease)
+	counter uint64        // held: the key's fence counter when the holder was seen
 }
 
 // attempt runs ACQUIRE once. The Cache's modes close the race in which a
@@ -260,6 +261,10 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 		}
 		if len(res) > 2 {
 			r.holder, _ = res[2].(string)
+		}
+		if len(res) > 3 {
+			c, _ := res[3].(string)
+			r.counter, _ = strconv.ParseUint(c, 10, 64)
 		}
 		return r, fmt.Errorf("%w: %q", ErrLeaseHeld, key)
 	}

@@ -42,9 +42,12 @@ type flight struct {
 	// awaited is the fence of the leader a follower waits for (from the
 	// held ACQUIRE reply): its failure, by message or by the failure marker
 	// a follower finds when it looks, ends the wait; failures of other
-	// leaders do not. A wake-up carrying an older envelope is ignored.
-	awaited      string
-	awaitedFence uint64
+	// leaders do not. floor is the key's fence counter at the last
+	// ACQUIRE that found the lease held: a wake-up carrying an envelope
+	// with a lower fence predates a write (or a lease) that came before
+	// that look, so it is ignored.
+	awaited string
+	floor   uint64
 
 	// Read-your-writes. seen is when the Redis command whose reply the
 	// flight is deciding on was sent; heldAt is when the last ACQUIRE that
@@ -64,8 +67,8 @@ type currency struct {
 	// fenced commit, the load began then). It answers callers that joined
 	// at or before it.
 	from time.Time
-	// unchecked: a value loaded while Redis is unreachable, which no
-	// Redis command can check. It answers every caller unless a Set or
+	// unchecked: a value loaded while Redis is unreachable (or that
+	// became so before its commit), which no Redis command can check. It answers every caller unless a Set or
 	// Invalidate of the key in this process returned after the load began
 	// (writes counted the key's write count then); writes by other
 	// processes cannot be seen without Redis. Every other value that
@@ -166,12 +169,12 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 		sent = time.Now()
 		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, "")
 	}
-	if r.holder != "" && r.holder != f.awaited {
+	if r.holder != "" {
 		f.awaited = r.holder
-		f.awaitedFence, _ = strconv.ParseUint(r.holder, 10, 64)
 	}
 	if errors.Is(err, ErrLeaseHeld) {
 		f.heldAt = sent
+		f.floor = max(f.floor, r.counter)
 	}
 	if err == nil && r.lease == nil {
 		f.seen = sent
@@ -219,6 +222,7 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 	now := c.now()
 	f.env = env
 	f.cur = currency{from: f.seen}
+	c.observeDelta(f, env.fence, env.delta)
 	if f.outcome == OutcomeFollower {
 		// A follower that finds the value while waiting stays a follower.
 		defer func() { f.outcome = OutcomeFollower }()
@@ -272,7 +276,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	lease.finish()
 	c.stats.loads.Add(1)
 	c.sig.load(f.key, delta, err, true)
-	c.calib.Observe(c.cfg.KeyClass(f.key), delta)
+	c.observeLoad(f, lease.token, delta, err)
 
 	if err == nil && len(val) > c.cfg.MaxValueBytes {
 		err = fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
@@ -372,6 +376,11 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 		c.sig.commit(f.key, CommitError)
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
+		if isInfraError(err) {
+			// Redis became unreachable: like a load while it is down,
+			// nothing can check the value (see currency).
+			return currency{unchecked: true, writes: writes}
+		}
 		return currency{from: loadStart}
 	case ok == 0:
 		c.stats.fenced.Add(1)
@@ -392,7 +401,11 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 	start := time.Now()
 	end := WaitPolled
 	defer func() { c.sig.wait(f.key, time.Since(start), end) }()
-	sub, _, serr := c.notify.subscribe(c.ctx, f.keys.channel)
+	subCtx := c.ctx
+	if f.caller != nil {
+		subCtx = f.caller // Begin: the subscription waits no longer than its caller
+	}
+	sub, _, serr := c.notify.subscribe(subCtx, f.keys.channel)
 	if errors.Is(serr, ErrClosed) {
 		return nil, ErrClosed
 	}
@@ -436,7 +449,7 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 	// Without it, poll from the expected rebuild time with backoff.
 	backoff := c.cfg.PollMax
 	if !notified {
-		est, _ := c.calib.P99(c.cfg.KeyClass(f.key))
+		est, _ := c.calib.Tail(c.cfg.KeyClass(f.key))
 		backoff = min(max(est/2, c.cfg.PollMin), c.cfg.PollMax)
 	}
 	next := func() time.Duration {
@@ -514,15 +527,15 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 	switch nt.payload[0] {
 	case msgValue:
 		env, ok := decodeEnvelope([]byte(nt.payload[1:]))
-		if !ok || env.fence < f.awaitedFence {
-			// Unreadable, or an envelope older than the rebuild this
-			// follower waits for (a message queued before a newer
-			// Invalidate or lease): look at Redis instead.
+		if !ok || env.fence < f.floor {
+			// Unreadable, or an envelope older than the key's fence when
+			// this follower last looked (a message queued before a newer
+			// Set, Invalidate or lease): look at Redis instead.
 			return nil, nil, false
 		}
 		f.env = env
 		f.cur = currency{from: f.heldAt}
-		c.calib.Observe(c.cfg.KeyClass(f.key), env.delta)
+		c.observeDelta(f, env.fence, env.delta)
 		if env.negative {
 			return nil, ErrNotFound, true
 		}

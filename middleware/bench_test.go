@@ -31,7 +31,9 @@ func BenchmarkHitOverhead(b *testing.B) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write(benchBody)
 	})
-	req := httptest.NewRequest(http.MethodGet, "http://catalog.example/products/42", nil)
+	// As a server receives it: an origin-form target and a Host.
+	req := httptest.NewRequest(http.MethodGet, "/products/42", nil)
+	req.Host = "catalog.example"
 
 	b.Run("bare", func(b *testing.B) {
 		b.ReportAllocs()
@@ -167,6 +169,28 @@ func BenchmarkHotURL(b *testing.B) {
 				slices.Sort(latencies)
 				p99 := latencies[min(len(latencies)-1, len(latencies)*99/100)]
 				b.ReportMetric(float64(p99)/float64(time.Millisecond), "p99-ms")
+			}
+		})
+	}
+}
+
+// BenchmarkKey measures what building a request's key costs: a typical
+// URL, one with raw bytes the key keeps as sent, and a 1 MiB query of
+// '&' (an attacker's), which bypasses the cache before any work on it
+// (before MaxKeyBytes, it was sorted as a million parameters).
+func BenchmarkKey(b *testing.B) {
+	hd := &handler{cfg: (&Options{}).resolve()}
+	for _, tc := range []struct{ name, target string }{
+		{"typical", "/products/42?color=blue&size=m&utm_source=news"},
+		{"raw-bytes", "/wiki/\xc3\xbc%2Fx?q=<svg>"},
+		{"1MiB-query", "/search?q=" + strings.Repeat("&", 1<<20)},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			r := httptest.NewRequest(http.MethodGet, tc.target, nil)
+			r.Host = "catalog.example"
+			b.ReportAllocs()
+			for b.Loop() {
+				hd.key(r)
 			}
 		})
 	}

@@ -100,11 +100,72 @@ var hopByHop = []string{
 	"Date", "Age", "Content-Length", "Cache-Status",
 }
 
+// perUser are the response fields that make a response one user's: a
+// response carrying any of them, under any case and with any value (even
+// empty), is not stored, and they are never stored nor replayed.
+var perUser = []string{
+	"Set-Cookie", "Set-Cookie2", "Clear-Site-Data", "Authentication-Info",
+	"Www-Authenticate", "Proxy-Authenticate",
+}
+
+// isPerUser reports whether the field name, in any case, is in perUser.
+func isPerUser(name string) bool {
+	for _, p := range perUser {
+		if strings.EqualFold(name, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// headerValues returns the values of the field name under any case of its
+// key: a handler that writes h["cache-control"] directly bypasses the
+// canonicalisation of Header.Set, and net/http still sends the field.
+func headerValues(h http.Header, name string) []string {
+	var out []string
+	for k, vs := range h {
+		if strings.EqualFold(k, name) {
+			out = append(out, vs...)
+		}
+	}
+	return out
+}
+
+// headerGet is the first value of name under any case, or "".
+func headerGet(h http.Header, name string) string {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0]
+	}
+	if vs := headerValues(h, name); len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
+// handlerValues returns the values of the field name (under any case)
+// that the handler set: all of them when it replaced what before held,
+// the ones it appended when it added to them, none when they are what
+// before held (an outer middleware's).
+func handlerValues(h, before http.Header, name string) []string {
+	var out []string
+	for k, vs := range h {
+		if !strings.EqualFold(k, name) {
+			continue
+		}
+		if b := before[k]; len(b) <= len(vs) && slices.Equal(vs[:len(b)], b) {
+			vs = vs[len(b):]
+		}
+		out = append(out, vs...)
+	}
+	return out
+}
+
 // storedHeader returns the header fields of a response that may be
 // stored: those the handler set (fields whose values differ from before,
 // the snapshot taken before it ran, so that headers an outer middleware
 // set for this one request are not replayed to others), less hop-by-hop
-// fields and those recomputed on every response.
+// fields, those recomputed on every response and the per-user ones,
+// under any case.
 func storedHeader(h, before http.Header) http.Header {
 	out := http.Header{}
 	for name, vs := range h {
@@ -112,13 +173,20 @@ func storedHeader(h, before http.Header) http.Header {
 			out[name] = slices.Clone(vs)
 		}
 	}
-	for _, f := range h.Values("Connection") {
-		for _, name := range strings.Split(f, ",") {
-			out.Del(strings.TrimSpace(name))
+	drop := slices.Clone(hopByHop)
+	drop = append(drop, perUser...)
+	for _, f := range headerValues(h, "Connection") {
+		for name := range strings.SplitSeq(f, ",") {
+			drop = append(drop, strings.TrimSpace(name))
 		}
 	}
-	for _, name := range hopByHop {
-		out.Del(name)
+	for name := range out {
+		for _, d := range drop {
+			if strings.EqualFold(name, d) {
+				delete(out, name)
+				break
+			}
+		}
 	}
 	return out
 }
@@ -128,7 +196,7 @@ type cacheControl map[string]string
 
 func parseCacheControl(h http.Header) cacheControl {
 	cc := cacheControl{}
-	for _, line := range h.Values("Cache-Control") {
+	for _, line := range headerValues(h, "Cache-Control") {
 		for _, d := range strings.Split(line, ",") {
 			d = strings.TrimSpace(d)
 			if d == "" {
@@ -174,6 +242,66 @@ func etagMatch(ifNoneMatch, etag string) bool {
 	for _, t := range strings.Split(ifNoneMatch, ",") {
 		t = strings.TrimSpace(t)
 		if t == "*" || strip(t) == strip(etag) {
+			return true
+		}
+	}
+	return false
+}
+
+// precondition evaluates r's conditional header fields against a stored
+// response, as RFC 9110 §13.2.2 orders them: 412 when If-Match (or, in
+// its absence, If-Unmodified-Since) fails, 304 when If-None-Match (or, in
+// its absence, If-Modified-Since) says the client's copy is current, 0 to
+// send e. Only a 2xx is subject to preconditions, and only a 200 is
+// answered with 304.
+func precondition(r *http.Request, e *entry) int {
+	if e.status/100 != 2 {
+		return 0
+	}
+	// modifiedAfter reports whether e was last modified after the date in
+	// the request field (false when either date is missing or invalid).
+	modifiedAfter := func(field string) (after, ok bool) {
+		v := r.Header.Get(field)
+		if v == "" {
+			return false, false
+		}
+		t, err := http.ParseTime(v)
+		if err != nil {
+			return false, false
+		}
+		lm, err := http.ParseTime(headerGet(e.header, "Last-Modified"))
+		if err != nil {
+			return false, false
+		}
+		return lm.After(t), true
+	}
+	if im := r.Header.Values("If-Match"); len(im) > 0 {
+		if !etagMatchStrong(strings.Join(im, ","), headerGet(e.header, "Etag")) {
+			return http.StatusPreconditionFailed
+		}
+	} else if after, ok := modifiedAfter("If-Unmodified-Since"); ok && after {
+		return http.StatusPreconditionFailed
+	}
+	if e.status != http.StatusOK {
+		return 0
+	}
+	if inm := r.Header.Values("If-None-Match"); len(inm) > 0 {
+		if etagMatch(strings.Join(inm, ","), headerGet(e.header, "Etag")) {
+			return http.StatusNotModified
+		}
+	} else if after, ok := modifiedAfter("If-Modified-Since"); ok && !after {
+		return http.StatusNotModified
+	}
+	return 0
+}
+
+// etagMatchStrong reports whether an If-Match header matches etag, with
+// the strong comparison RFC 9110 §13.1.1 prescribes for it: a weak tag
+// never matches.
+func etagMatchStrong(ifMatch, etag string) bool {
+	for t := range strings.SplitSeq(ifMatch, ",") {
+		t = strings.TrimSpace(t)
+		if t == "*" || (t == etag && etag != "" && !strings.HasPrefix(etag, "W/")) {
 			return true
 		}
 	}

@@ -8,36 +8,107 @@ import (
 	"strings"
 )
 
-// defaultKey builds the cache key of a request: scheme, host, path and
-// canonical query, then the configured request headers. Every component
-// is length-prefixed, so no delimiter in one component can make two
-// requests share a key. herd hashes the key for Redis, so its length and
-// bytes do not matter there.
+// defaultKey builds the cache key of a request: scheme, host, the
+// request target as the server received it (its path and canonical
+// query), the URL as the handler sees it when that is not what the target
+// parses to, then the configured request headers. Every component is
+// length-prefixed, so no delimiter in one component can make two requests
+// share a key. herd hashes the key for Redis, so its bytes do not matter
+// there; its length is bounded by Options.MaxKeyBytes.
 //
 //   - Host is r.Host, as net/http resolved it, case preserved.
-//   - The path is r.URL.EscapedPath(): the raw path when it is a valid
-//     encoding (what chi routes on), so /a%2Fb and /a/b, /a//b and /a/./b
-//     are different keys.
+//   - The target is r.RequestURI, byte for byte, not r.URL re-encoded:
+//     a raw "<" or an invalid UTF-8 byte, %2F and /, %62 and b, an
+//     absolute-form target (with its scheme and user info) and the
+//     origin-form one are all different keys, whatever the router or the
+//     handler makes of them. Behind http.StripPrefix (or any middleware
+//     that rewrites r.URL) the target still holds the path the client
+//     sent, and the rewritten URL is keyed too. A request built in
+//     process (no RequestURI) is keyed on r.URL's escaped path and raw
+//     query.
 //   - The query is the raw query with its parameters stably sorted by
 //     name, decoded as url.ParseQuery decodes it: order of different
 //     parameters does not matter, but values, their order for a repeated
 //     name (a and %61 are one name) and their encoding do (a=%31 and a=1
 //     are different keys: when in doubt, do not share).
 func defaultKey(r *http.Request, headers []string) string {
+	path, query, hasQuery := requestTarget(r)
 	var b strings.Builder
+	b.Grow(len(path) + len(query) + len(r.Host) + 48)
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	b.WriteString("herd-http/1|")
+	b.WriteString("herd-http/2|")
 	writeField(&b, scheme)
 	writeField(&b, r.Host)
-	writeField(&b, r.URL.EscapedPath())
-	writeField(&b, canonicalQuery(r.URL.RawQuery))
+	writeField(&b, path)
+	if hasQuery {
+		b.WriteByte('?')
+	}
+	writeField(&b, canonicalQuery(query))
+	if u := r.URL; !urlIsTarget(u, path, query, hasQuery) {
+		// A rewritten URL, or an absolute-form target: the handler may read
+		// any of these, so all of them are keyed.
+		b.WriteString("|url|")
+		user := ""
+		if u.User != nil {
+			user = "@" + u.User.String()
+		}
+		for _, f := range []string{u.Scheme, u.Opaque, user, u.Host, u.Path, u.RawPath, u.RawQuery, u.Fragment} {
+			writeField(&b, f)
+		}
+		if u.ForceQuery {
+			b.WriteByte('?')
+		}
+	}
 	for _, h := range headers {
 		writeHeader(&b, h, r.Header.Values(h))
 	}
 	return b.String()
+}
+
+// requestTarget returns the request target as the server received it,
+// split at its first '?'. A request that did not come from a server (no
+// RequestURI: one built in process) has r.URL's escaped path and raw
+// query instead.
+func requestTarget(r *http.Request) (path, query string, hasQuery bool) {
+	if r.RequestURI == "" {
+		path = r.URL.Opaque
+		if path == "" {
+			path = r.URL.EscapedPath()
+		}
+		return path, r.URL.RawQuery, r.URL.ForceQuery || r.URL.RawQuery != ""
+	}
+	return strings.Cut(r.RequestURI, "?")
+}
+
+// targetLen is the length of the request target, without building it.
+func targetLen(r *http.Request) int {
+	if r.RequestURI != "" {
+		return len(r.RequestURI)
+	}
+	return len(r.URL.Opaque) + len(r.URL.Path) + len(r.URL.RawPath) + len(r.URL.RawQuery)
+}
+
+// urlIsTarget reports whether u is what net/http parses from an
+// origin-form target with this path and query, so that keying the target
+// keys everything a handler reads from u.
+func urlIsTarget(u *url.URL, path, query string, hasQuery bool) bool {
+	if u.Scheme != "" || u.Opaque != "" || u.User != nil || u.Host != "" || u.Fragment != "" || u.RawFragment != "" {
+		return false
+	}
+	if u.RawQuery != query || u.ForceQuery != (hasQuery && query == "") {
+		return false
+	}
+	if u.RawPath != "" && u.RawPath != path {
+		return false
+	}
+	if u.RawPath == "" && !strings.Contains(path, "%") {
+		return u.Path == path
+	}
+	dec, err := url.PathUnescape(path)
+	return err == nil && dec == u.Path
 }
 
 // writeField writes s length-prefixed.
@@ -96,18 +167,30 @@ var forwardedHeaders = []string{
 	"Forwarded",
 	"Front-End-Https",
 	"X-Forwarded-Host",
+	"X-Forwarded-Path",
 	"X-Forwarded-Port",
 	"X-Forwarded-Prefix",
 	"X-Forwarded-Proto",
 	"X-Forwarded-Scheme",
 	"X-Forwarded-Server",
 	"X-Forwarded-Ssl",
+	"X-Forwarded-Uri",
 	"X-Host",
 	"X-Http-Host-Override",
 	"X-Original-Host",
+	"X-Original-Uri",
 	"X-Original-Url",
 	"X-Rewrite-Url",
 	"X-Url-Scheme",
+}
+
+// methodOverrideHeaders turn a request into another method in the
+// frameworks that honour them: a GET carrying one may not be a read, so
+// it bypasses the cache (neither keyed nor shared).
+var methodOverrideHeaders = []string{
+	"X-Http-Method",
+	"X-Http-Method-Override",
+	"X-Method-Override",
 }
 
 // forwardedKey returns what the forwarding headers r carries add to its
@@ -140,28 +223,111 @@ func forwardedKey(r *http.Request, keyHeaders []string) string {
 
 // forwardedWithoutFor drops the for= pairs from Forwarded values (RFC
 // 7239), and the elements and values left empty; parameter names are
-// case-insensitive and lowered.
+// case-insensitive and lowered. A value that does not parse as RFC 7239
+// (pairs not separated by ';' or ',', an unterminated quoted string, a
+// bare word) is kept whole, and so is a for= pair whose quoted value holds
+// a separator: what herd cannot parse, a lenient parser behind it may
+// read, so it stays in the key.
 func forwardedWithoutFor(values []string) []string {
 	var out []string
 	for _, v := range values {
-		var elems []string
-		for elem := range strings.SplitSeq(v, ",") {
-			var pairs []string
-			for pair := range strings.SplitSeq(elem, ";") {
-				name, val, _ := strings.Cut(strings.TrimSpace(pair), "=")
-				name = strings.ToLower(strings.TrimSpace(name))
-				if name == "" || name == "for" {
-					continue
+		elems, ok := parseForwarded(v)
+		if !ok {
+			out = append(out, v)
+			continue
+		}
+		var kept []string
+		for _, pairs := range elems {
+			var ps []string
+			for _, p := range pairs {
+				// A for= value with a separator inside its quotes is kept:
+				// a parser that is not quote-aware would read pairs in it.
+				if !strings.HasPrefix(p, "for=") || strings.ContainsAny(p[len("for="):], ",;=") {
+					ps = append(ps, p)
 				}
-				pairs = append(pairs, name+"="+strings.TrimSpace(val))
 			}
-			if len(pairs) > 0 {
-				elems = append(elems, strings.Join(pairs, ";"))
+			if len(ps) > 0 {
+				kept = append(kept, strings.Join(ps, ";"))
 			}
 		}
-		if len(elems) > 0 {
-			out = append(out, strings.Join(elems, ","))
+		if len(kept) > 0 {
+			out = append(out, strings.Join(kept, ","))
 		}
 	}
 	return out
+}
+
+// parseForwarded parses one Forwarded field value: elements separated by
+// ',', each of pairs separated by ';', each pair token "=" (token or
+// quoted-string), with optional whitespace around the separators. Each
+// pair is returned as "name=value", the name lowered and the value as
+// written (a quoted string keeps its quotes). ok is false on any syntax
+// error.
+func parseForwarded(v string) (elems [][]string, ok bool) {
+	var cur []string
+	i, n := 0, len(v)
+	ows := func() {
+		for i < n && (v[i] == ' ' || v[i] == '\t') {
+			i++
+		}
+	}
+	for {
+		ows()
+		if i == n {
+			break
+		}
+		switch v[i] {
+		case ',':
+			elems = append(elems, cur)
+			cur = nil
+			i++
+			continue
+		case ';':
+			i++
+			continue
+		}
+		start := i
+		for i < n && isTokenByte(v[i]) {
+			i++
+		}
+		if i == start || i == n || v[i] != '=' {
+			return nil, false
+		}
+		name := strings.ToLower(v[start:i])
+		i++
+		vstart := i
+		if i < n && v[i] == '"' {
+			for i++; i < n && v[i] != '"'; i++ {
+				if v[i] == '\\' {
+					i++
+				}
+			}
+			if i >= n {
+				return nil, false
+			}
+			i++
+		} else {
+			for i < n && isTokenByte(v[i]) {
+				i++
+			}
+			if i == vstart {
+				return nil, false
+			}
+		}
+		cur = append(cur, name+"="+v[vstart:i])
+		ows()
+		if i < n && v[i] != ',' && v[i] != ';' {
+			return nil, false
+		}
+	}
+	return append(elems, cur), true
+}
+
+// isTokenByte reports whether c may appear in an RFC 9110 token.
+func isTokenByte(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
 }

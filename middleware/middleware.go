@@ -16,50 +16,76 @@
 //
 // Only GET and HEAD requests are looked up (HEAD is served from the GET
 // entry, without a body); other methods pass through untouched. Requests
-// with Authorization or Cookie bypass the cache unless
-// [Options.AllowAuthorized] is set or that header is part of the key, as
-// do requests with a body, a Range header, or for which KeyFunc says no.
-// A response is stored only if its status has a TTL (by default 200
-// and 301 for TTL, 404 for a short NotFoundTTL; never 5xx or 206), its
-// body fits [Options.MaxBodyBytes], it sets no cookie, its Cache-Control
-// is not private, no-store or no-cache, every header it varies on (Vary)
-// is part of the key, and the handler neither flushed nor hijacked.
-// Hop-by-hop headers, Set-Cookie, Date and Age are never stored; Date is
-// regenerated and Age computed when serving.
+// bypass the cache when they carry Authorization, Cookie or a TLS client
+// certificate (unless [Options.AllowAuthorized] is set or that header is
+// part of the key), a body (of any length, in any protocol: an HTTP/2
+// GET with DATA frames too), a Range header, a method override
+// (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override), a key above
+// [Options.MaxKeyBytes], or when KeyFunc says no; [Options.OnBypass]
+// counts them. A response is stored only if its status has a TTL (by
+// default 200 and 301 for TTL, 404 for a short NotFoundTTL; never 5xx or
+// 206), its body fits [Options.MaxBodyBytes], it carries none of
+// Set-Cookie, Set-Cookie2, Clear-Site-Data, Authentication-Info,
+// WWW-Authenticate or Proxy-Authenticate (under any case, with any
+// value), its Cache-Control is not private, no-store or no-cache and
+// gives no s-maxage or max-age of 0, every header the handler varies on
+// (Vary) is part of the key, and the handler neither flushed nor hijacked.
+// A must-revalidate or proxy-revalidate response is never served stale,
+// nor past the max-age it states. Hop-by-hop headers, the per-user fields
+// above, Date and Age are never stored; Date is regenerated and Age
+// computed when serving.
 //
 // # How waiting requests are served
 //
 // The first request for a cold URL runs the handler, in its own goroutine
-// (so a panic reaches an outer Recoverer as usual). Requests that arrive
-// meanwhile wait for its response, in this instance and in others. If the
-// response cannot be shared (it set a cookie, is private, streamed, or
-// outgrew MaxBodyBytes), the waiters run the handler themselves: as soon
-// as it starts streaming or outgrows MaxBodyBytes, not when it ends. If it
-// failed (a 5xx, a panic, the client went away), each waiter asks once
-// more: one of them leads a new rebuild and the others wait for it. A
-// waiter whose second wait ends in a failure too gets
-// [Options.ErrorHandler]'s response; one that wins the key's lease after
-// that failure instead runs the handler, so a failing handler runs one
-// request at a time, never one per waiter. No wait outlasts
+// (so a panic reaches an outer Recoverer as usual), on a copy of the
+// request without its conditional header fields (If-None-Match,
+// If-Modified-Since, If-Match, If-Unmodified-Since, If-Range): the entry
+// it builds is the full response, and herd answers each request's
+// conditionals from it (304, or 412 for a failed If-Match or
+// If-Unmodified-Since). Requests that arrive meanwhile wait for its
+// response, in this instance and in others. If the response cannot be
+// shared (it set a cookie, is private, streamed, or outgrew
+// MaxBodyBytes), the waiters run the handler themselves: as soon as it
+// starts streaming or outgrows MaxBodyBytes, not when it ends. If the
+// leading request's client goes away before the response is complete,
+// the rebuild is handed over ([herd.Fill.Handover]): one of the waiters,
+// in any instance, leads at once, and no failure is counted, so clients
+// that hang up on purpose fail nobody. If it failed (a 5xx, a panic),
+// each waiter asks once more: one of them leads a new rebuild and the
+// others wait for it. A waiter whose second wait ends in a failure too
+// gets [Options.ErrorHandler]'s response; one that wins the key's lease
+// after that failure instead runs the handler, so a failing handler runs
+// one request at a time, never one per waiter. No wait outlasts
 // [Options.WaitTimeout]; then the request runs the handler itself.
 //
 // Responses carry Cache-Status (RFC 9211): "herd; hit", "herd;
 // fwd=stale" (a stale response served while one refresh runs), "herd;
 // fwd=miss" (stored when it was stored; collapsed when the request waited
 // for another's response), or "herd; fwd=bypass". Served entries carry an
-// ETag (the handler's, or a hash of the body) and answer If-None-Match
-// with 304.
+// ETag (the handler's, or a hash of the body).
 //
 // # Security
 //
-// The key is scheme, host, path and canonical query, plus
-// [Options.KeyHeaders] and the forwarding headers a request carries
-// (X-Forwarded-Host and the like; see [Options.IgnoreForwardedHeaders]),
-// so a request with a forged X-Forwarded-Host never shares an entry with
-// requests without it. A handler must not read other request headers that
-// are not in the key on a cached route: the response of the first request
-// would be served to everyone. Responses that vary on a header outside
-// the key are not stored.
+// The key is scheme, host, the request target exactly as the server
+// received it (r.RequestURI: raw bytes, percent-encoding and an
+// absolute-form scheme and user info included) with its query's
+// parameters sorted, the URL the handler sees when a middleware rewrote
+// it (http.StripPrefix), [Options.KeyHeaders], and the forwarding headers
+// a request carries (X-Forwarded-Host and the like; see
+// [Options.IgnoreForwardedHeaders]). So two requests share an entry only
+// if every router and handler sees the same request: a raw "<" and its
+// %3C form, %2F and /, a raw byte and its escape never do, whatever the
+// router routes on. A request with a forged X-Forwarded-Host never shares
+// an entry with requests without it. A handler must not read other
+// request headers that are not in the key on a cached route: the response
+// of the first request would be served to everyone. Responses that vary
+// on a header outside the key are not stored; a Vary an outer middleware
+// set before calling the handler (a CORS middleware's Vary: Origin) is
+// that middleware's, not the handler's, and does not count (list Origin
+// in KeyHeaders if the handler itself reads it). docs/security.md in the
+// repository has the threat model, each attack with its defence and test,
+// and the limits that remain.
 package middleware
 
 import (
@@ -97,7 +123,8 @@ type Options struct {
 
 	// StaleFor keeps a response servable that long after it goes stale:
 	// a stale hit is served at once while one request in the cluster
-	// refreshes it in the background. Default: 0.
+	// refreshes it in the background. Never for a response that says
+	// must-revalidate or proxy-revalidate. Default: 0.
 	StaleFor time.Duration
 
 	// StatusTTL maps the response statuses that may be stored to their
@@ -131,13 +158,17 @@ type Options struct {
 	MaxBodyBytes int
 
 	// RespectCacheControl takes a stored response's TTL from its
-	// s-maxage or max-age (0 means not stored) instead of StatusTTL.
+	// s-maxage or max-age instead of StatusTTL. Without it, those only
+	// matter when they are 0 (never stored) or the response says
+	// must-revalidate or proxy-revalidate (the TTL is at most what they
+	// state).
 	RespectCacheControl bool
 
-	// AllowAuthorized lets requests with Authorization or Cookie use the
-	// cache. A response to a request with Authorization or Cookie that is
-	// not part of the key is then stored only if it says public, s-maxage
-	// or must-revalidate (RFC 9111 §3.5).
+	// AllowAuthorized lets requests with Authorization, Cookie or a TLS
+	// client certificate use the cache. A response to a request with
+	// credentials that are not part of the key is then stored only if it
+	// says public, s-maxage or must-revalidate (RFC 9111 §3.5), and, like
+	// every response, not if its s-maxage or max-age is 0.
 	AllowAuthorized bool
 
 	// WaitTimeout bounds how long a request waits for another request's
@@ -151,10 +182,11 @@ type Options struct {
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 
 	// IgnoreForwardedHeaders leaves the forwarding headers out of the
-	// key: Forwarded (without its for= parameters), Front-End-Https,
-	// X-Forwarded-Host, -Port, -Prefix, -Proto, -Scheme, -Server and
-	// -Ssl, X-Host, X-Http-Host-Override, X-Original-Host,
-	// X-Original-URL, X-Rewrite-URL and X-Url-Scheme. By default each of
+	// key: Forwarded (without its for= parameters, when it parses as RFC
+	// 7239; a value that does not is keyed whole), Front-End-Https,
+	// X-Forwarded-Host, -Path, -Port, -Prefix, -Proto, -Scheme, -Server,
+	// -Ssl and -Uri, X-Host, X-Http-Host-Override, X-Original-Host,
+	// X-Original-URI, X-Original-URL, X-Rewrite-URL and X-Url-Scheme. By default each of
 	// them a request carries is part of its key, as if listed in
 	// KeyHeaders, so that a client forging one (the classic cache
 	// poisoning request) only ever gets its own entry; behind a proxy
@@ -165,10 +197,37 @@ type Options struct {
 	// keyed: a handler must not read them on a cached route.
 	IgnoreForwardedHeaders bool
 
+	// MaxKeyBytes bounds a request's key: a request whose target, host
+	// and keyed headers add up to more bypasses the cache (reason
+	// [BypassKeyTooLarge]), checked on the target's length before any
+	// work on its query. It bounds the memory each key holds in this
+	// process (the local fill registry, the lease calibration) and the
+	// work done per request. It also applies to KeyFunc's keys. Default:
+	// 8 KiB (nginx's default limit on a request line).
+	MaxKeyBytes int
+
+	// OnBypass, if set, is called for each request that bypasses the
+	// cache before any lookup, with the reason (one of the Bypass
+	// constants): count them to see what the cache does not serve, and
+	// the attacks that try to blow up its bounds. It is called in the
+	// request's goroutine and must be fast.
+	OnBypass func(r *http.Request, reason string)
+
 	// Logger receives store decisions (debug) and failures (warn).
 	// Default: silent.
 	Logger *slog.Logger
 }
+
+// The reasons [Options.OnBypass] is given.
+const (
+	BypassMethod         = "method"          // not GET or HEAD
+	BypassMethodOverride = "method_override" // X-HTTP-Method-Override and the like
+	BypassBody           = "body"            // a request body, whatever the protocol
+	BypassRange          = "range"           // a Range header
+	BypassCredentials    = "credentials"     // Authorization, Cookie or a TLS client certificate outside the key
+	BypassKeyFunc        = "keyfunc"         // KeyFunc said no
+	BypassKeyTooLarge    = "key_too_large"   // the key would exceed MaxKeyBytes
+)
 
 type config struct {
 	Options
@@ -201,6 +260,12 @@ func (o *Options) resolve() config {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 1 << 20
+	}
+	if c.MaxKeyBytes < 0 {
+		panic(fmt.Sprintf("herd/middleware: Options.MaxKeyBytes is negative (%d)", c.MaxKeyBytes))
+	}
+	if c.MaxKeyBytes == 0 {
+		c.MaxKeyBytes = 8 << 10
 	}
 	if c.StatusTTL == nil {
 		c.StatusTTL = map[int]time.Duration{200: c.TTL, 301: c.TTL, 404: c.NotFoundTTL}
@@ -256,15 +321,16 @@ type handler struct {
 	next http.Handler
 }
 
-// Causes of a leader's failure after which one waiter leads instead.
-var (
-	errServerError = errors.New("herd/middleware: the handler answered with a server error")
-	errClientGone  = errors.New("herd/middleware: the leading request's client went away")
-)
+// errServerError is the cause of a leader's failure after which one
+// waiter leads instead.
+var errServerError = errors.New("herd/middleware: the handler answered with a server error")
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	key, ok := h.key(r)
-	if !ok {
+	key, why := h.keyOrBypass(r)
+	if why != "" {
+		if h.cfg.OnBypass != nil {
+			h.cfg.OnBypass(r, why)
+		}
 		w.Header().Set("Cache-Status", statusBypass)
 		h.next.ServeHTTP(w, r)
 		return
@@ -305,34 +371,63 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // key returns the request's cache key, or false to bypass the cache.
 func (h *handler) key(r *http.Request) (string, bool) {
+	k, why := h.keyOrBypass(r)
+	return k, why == ""
+}
+
+// keyOrBypass returns the request's cache key, or why it bypasses the
+// cache (one of the Bypass constants).
+func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
-		return "", false
+		return "", BypassMethod
 	}
-	if r.ContentLength > 0 || len(r.TransferEncoding) > 0 || r.Header.Get("Range") != "" {
-		return "", false
+	for _, name := range methodOverrideHeaders {
+		if len(r.Header.Values(name)) > 0 {
+			return "", BypassMethodOverride
+		}
+	}
+	// ContentLength is -1 for a body of unknown length: chunked in
+	// HTTP/1.1, DATA frames without content-length in HTTP/2 and 3.
+	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
+		return "", BypassBody
+	}
+	if len(r.Header.Values("Range")) > 0 {
+		return "", BypassRange
 	}
 	if !h.cfg.AllowAuthorized && h.unkeyedCredentials(r) {
-		return "", false
+		return "", BypassCredentials
 	}
+	limit := h.cfg.MaxKeyBytes
 	if h.cfg.KeyFunc != nil {
 		k, ok := h.cfg.KeyFunc(r)
-		if !ok || k == "" {
-			return "", false
+		switch {
+		case !ok || k == "":
+			return "", BypassKeyFunc
+		case len(k) > limit:
+			return "", BypassKeyTooLarge
 		}
-		return "herd-http/custom|" + k, true
+		return "herd-http/custom|" + k, ""
+	}
+	if targetLen(r)+len(r.Host) > limit {
+		return "", BypassKeyTooLarge // before any work on the query
 	}
 	k := defaultKey(r, h.cfg.keyHeaders)
 	if !h.cfg.IgnoreForwardedHeaders {
 		k += forwardedKey(r, h.cfg.keyHeaders)
 	}
-	return k, true
+	if len(k) > limit {
+		return "", BypassKeyTooLarge
+	}
+	return k, ""
 }
 
 // unkeyedCredentials reports whether r carries Authorization or Cookie
-// that is not part of its key.
+// that is not part of its key, or a TLS client certificate (mTLS), which
+// never is.
 func (h *handler) unkeyedCredentials(r *http.Request) bool {
 	return (!h.cfg.authKeyed && len(r.Header.Values("Authorization")) > 0) ||
-		(!h.cfg.cookieKeyed && len(r.Header.Values("Cookie")) > 0)
+		(!h.cfg.cookieKeyed && len(r.Header.Values("Cookie")) > 0) ||
+		(r.TLS != nil && len(r.TLS.PeerCertificates) > 0)
 }
 
 // serveHit writes a stored response.
@@ -359,19 +454,24 @@ func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit
 	h.write(w, r, e, status, age)
 }
 
-// write sends e with the herd headers, or 304 when If-None-Match matches.
+// write sends e with the herd headers, or 304 or 412 when the request's
+// conditional header fields say so (evaluated on e, never by the
+// handler).
 func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status string, age time.Duration) {
 	dst := w.Header()
 	for name, vs := range e.header {
+		if isPerUser(name) {
+			continue // never replayed, even from an entry stored before this rule
+		}
 		dst[name] = slices.Clone(vs)
 	}
 	dst.Set("Cache-Status", status)
 	dst.Set("Age", strconv.FormatInt(int64(age/time.Second), 10))
-	if inm := r.Header.Get("If-None-Match"); inm != "" && etagMatch(inm, dst.Get("Etag")) && (e.status == http.StatusOK) {
+	if code := precondition(r, e); code != 0 {
 		for _, f := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
 			dst.Del(f)
 		}
-		w.WriteHeader(http.StatusNotModified)
+		w.WriteHeader(code)
 		return
 	}
 	dst.Set("Content-Length", strconv.Itoa(len(e.body)))
@@ -381,17 +481,37 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 	}
 }
 
+// conditionalHeaders are the request fields that make a handler answer
+// 304 or 412 instead of the representation (RFC 9110 §13.1). The request
+// that builds a shared entry never carries them: the entry is the full
+// response, and herd answers each request's conditionals from it.
+var conditionalHeaders = []string{"If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since", "If-Range"}
+
+// withoutConditionals returns r, or a copy of it without conditional
+// header fields, as a GET.
+func withoutConditionals(r *http.Request) *http.Request {
+	has := r.Method != http.MethodGet
+	for _, name := range conditionalHeaders {
+		has = has || len(r.Header.Values(name)) > 0
+	}
+	if !has {
+		return r
+	}
+	req := r.Clone(r.Context())
+	req.Method = http.MethodGet
+	for _, name := range conditionalHeaders {
+		req.Header.Del(name)
+	}
+	return req
+}
+
 // lead runs the handler for a Fill and stores, shares or abandons its
 // response. A panic is re-raised after the Fill is aborted, so an outer
-// recoverer sees it.
+// recoverer sees it. The handler gets the request as a GET without its
+// conditional header fields: the entry it builds is for everyone.
 func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) {
 	head := r.Method == http.MethodHead
-	req := r
-	if head {
-		// Build the GET entry; this client gets its headers only.
-		req = r.Clone(r.Context())
-		req.Method = http.MethodGet
-	}
+	req := withoutConditionals(r)
 	before := w.Header().Clone()
 	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
 	cw.onPassthrough = func() {
@@ -404,7 +524,11 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 			return
 		}
 		v := recover()
-		fill.Abort(&herd.PanicError{Value: v, Stack: debug.Stack()})
+		if v == http.ErrAbortHandler && r.Context().Err() != nil {
+			fill.Handover() // the client went away: not the handler's failure
+		} else {
+			fill.Abort(&herd.PanicError{Value: v, Stack: debug.Stack()})
+		}
 		if v != nil {
 			panic(v)
 		}
@@ -418,76 +542,101 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		return
 	}
 	e := &entry{status: cw.finalStatus(), header: storedHeader(w.Header(), before), body: cw.buf.Bytes()}
-	ttl, shared, why := h.decide(r, e, w.Header())
+	v := h.decide(r, e, w.Header(), before)
 	switch {
 	case r.Context().Err() != nil:
-		fill.Abort(errClientGone) // maybe a partial body: never stored
+		// Maybe a partial body: never stored. The client's going away is
+		// no failure of the handler's: hand the rebuild to a waiter,
+		// without spending the waiters' retry.
+		fill.Handover()
 		return
-	case ttl > 0 && fill.Leased():
-		if e.header.Get("Etag") == "" {
+	case v.ttl > 0 && fill.Leased():
+		if headerGet(e.header, "Etag") == "" {
 			e.header.Set("Etag", etagOf(e.body))
 		}
-		if err := fill.Commit(e.encode(), ttl, h.cfg.StaleFor); err != nil {
+		if err := fill.Commit(e.encode(), v.ttl, v.staleFor); err != nil {
 			h.log(slog.LevelWarn, "herd/middleware: response not stored", "err", err)
 			h.write(w, r, e, statusMiss, 0)
 			return
 		}
 		h.write(w, r, e, statusStored, 0)
 		return
-	case ttl > 0 || shared:
+	case v.ttl > 0 || v.shared:
 		// Shareable but not stored (an unleased fill, or an error status):
 		// local waiters could take it, but a 5xx is retried by one waiter.
 		if e.status >= 500 {
 			fill.Abort(errServerError)
 		} else if fill.Leased() {
-			fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, why))
+			fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, v.why))
 		} else {
-			_ = fill.Commit(e.encode(), max(ttl, time.Millisecond), 0) // local waiters only
+			_ = fill.Commit(e.encode(), max(v.ttl, time.Millisecond), 0) // local waiters only
 		}
 	default:
-		fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, why))
+		fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, v.why))
 	}
-	h.log(slog.LevelDebug, "herd/middleware: response not stored", "status", e.status, "reason", why)
+	h.log(slog.LevelDebug, "herd/middleware: response not stored", "status", e.status, "reason", v.why)
 	h.write(w, r, e, statusMiss, 0)
 }
 
-// decide says how long e may be stored (0: not), whether it may be
-// shared with the requests waiting for it, and why not.
-func (h *handler) decide(r *http.Request, e *entry, full http.Header) (ttl time.Duration, shared bool, why string) {
-	if full.Get("Set-Cookie") != "" {
-		return 0, false, "sets a cookie"
+// verdict is what decide says of a response.
+type verdict struct {
+	ttl      time.Duration // how long it may be stored; 0: not stored
+	staleFor time.Duration // how long it may be served stale after ttl
+	shared   bool          // the requests waiting for it may take it
+	why      string        // why it is not stored
+}
+
+// decide says how long e may be stored and served stale, whether it may
+// be shared with the requests waiting for it, and why not. full is the
+// response's header map, before its snapshot before the handler ran: Vary
+// is judged on what the handler added, not on what an outer middleware
+// set for every response (CORS's Vary: Origin).
+func (h *handler) decide(r *http.Request, e *entry, full, before http.Header) verdict {
+	for name := range full {
+		if isPerUser(name) {
+			return verdict{why: "sets " + name + ", which is per user"}
+		}
 	}
 	cc := parseCacheControl(full)
 	if cc.has("private") || cc.has("no-store") || cc.has("no-cache") {
-		return 0, false, "Cache-Control forbids a shared cache"
+		return verdict{why: "Cache-Control forbids a shared cache"}
 	}
-	for _, v := range full.Values("Vary") {
-		for _, name := range strings.Split(v, ",") {
+	for _, v := range handlerValues(full, before, "Vary") {
+		for name := range strings.SplitSeq(v, ",") {
 			name = textproto.CanonicalMIMEHeaderKey(strings.TrimSpace(name))
 			if name == "" {
 				continue
 			}
 			if name == "*" || !h.keyed(name) {
-				return 0, false, "varies on " + name + ", which is not part of the key"
+				return verdict{why: "varies on " + name + ", which is not part of the key"}
 			}
 		}
 	}
 	if h.unkeyedCredentials(r) && !(cc.has("public") || cc.has("s-maxage") || cc.has("must-revalidate")) {
-		return 0, false, "a response to a request with credentials outside the key, without public, s-maxage or must-revalidate"
+		return verdict{why: "a response to a request with credentials outside the key, without public, s-maxage or must-revalidate"}
 	}
 	ttl, ok := h.cfg.StatusTTL[e.status]
 	if !ok {
-		return 0, e.status >= 500, "status " + strconv.Itoa(e.status) + " is not cached"
+		return verdict{shared: e.status >= 500, why: "status " + strconv.Itoa(e.status) + " is not cached"}
 	}
-	if h.cfg.RespectCacheControl {
-		if age, set := cc.maxAge(); set {
-			if age <= 0 {
-				return 0, false, "max-age 0"
-			}
-			ttl = age
+	lifetime, stated := cc.maxAge()
+	if stated && lifetime <= 0 {
+		// Stale at once (RFC 9111 §4.2): it could only be served after a
+		// revalidation, which herd does not do.
+		return verdict{why: "s-maxage or max-age is 0"}
+	}
+	if h.cfg.RespectCacheControl && stated {
+		ttl = lifetime
+	}
+	staleFor := h.cfg.StaleFor
+	if cc.has("must-revalidate") || cc.has("proxy-revalidate") {
+		// Never served stale, nor past the lifetime it states (§5.2.2.2).
+		staleFor = 0
+		if stated {
+			ttl = min(ttl, lifetime)
 		}
 	}
-	return ttl, true, ""
+	return verdict{ttl: ttl, staleFor: staleFor, shared: true}
 }
 
 // keyed reports whether the request header name (canonical) is part of
@@ -534,7 +683,8 @@ func copyRouteContext(rc *chi.Context) *chi.Context {
 }
 
 // refresh runs the handler on snap, a snapshot of the request that found
-// the entry stale, and returns the entry to store.
+// the entry stale, and returns the entry to store. The handler gets it as
+// a GET without conditional header fields, as in lead.
 func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, error) {
 	rctx, cancel := context.WithCancel(snap.Context())
 	defer cancel()
@@ -542,22 +692,23 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	defer stop()
 	req := snap.Clone(rctx)
 	req.Method = http.MethodGet
-	req.Header.Del("If-None-Match")
-	req.Header.Del("If-Modified-Since")
+	for _, name := range conditionalHeaders {
+		req.Header.Del(name)
+	}
 	cw := newCaptureWriter(nil, h.cfg.MaxBodyBytes, false)
 	h.next.ServeHTTP(cw, req)
 	if cw.passthrough {
 		return nil, fmt.Errorf("herd/middleware: refresh response streamed, outgrew MaxBodyBytes or hijacked")
 	}
 	e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
-	ttl, _, why := h.decide(req, e, cw.header)
-	if ttl <= 0 {
-		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", why)
+	v := h.decide(req, e, cw.header, nil)
+	if v.ttl <= 0 {
+		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", v.why)
 	}
-	if e.header.Get("Etag") == "" {
+	if headerGet(e.header, "Etag") == "" {
 		e.header.Set("Etag", etagOf(e.body))
 	}
-	herd.SetExpiry(ctx, ttl, h.cfg.StaleFor)
+	herd.SetExpiry(ctx, v.ttl, v.staleFor)
 	return e.encode(), nil
 }
 

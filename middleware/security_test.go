@@ -293,6 +293,8 @@ func secWaitForState(t *testing.T, what string, cond func() (bool, string)) {
 // this process (Cache.waitLocalFill, in a select: one that the Fill's end
 // has woken is runnable and no longer counts), or following a lease
 // holder through Redis (Cache.follow, in any state: it polls Redis).
+// Begin may run its lookup in a goroutine of its own: that goroutine
+// counts for the request goroutine that created it.
 func secWaiting() int {
 	buf := make([]byte, 1<<20)
 	for {
@@ -303,9 +305,21 @@ func secWaiting() int {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
-	n := 0
+	stacks := map[string]string{} // goroutine id → its stack
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if !strings.Contains(g, "secOuter") {
+		if id, _, ok := strings.Cut(strings.TrimPrefix(g, "goroutine "), " "); ok {
+			stacks[id] = g
+		}
+	}
+	const createdByBegin = "created by github.com/herdkit/herd.(*Cache).Begin in goroutine "
+	n := 0
+	for _, g := range stacks {
+		ours := strings.Contains(g, "secOuter")
+		if i := strings.Index(g, createdByBegin); i >= 0 {
+			parent, _, _ := strings.Cut(g[i+len(createdByBegin):], "\n")
+			ours = strings.Contains(stacks[strings.TrimSpace(parent)], "secOuter")
+		}
+		if !ours {
 			continue
 		}
 		local := strings.Contains(g, "herd.(*Cache).waitLocalFill(")
@@ -329,9 +343,16 @@ func secKeyFor(t *testing.T, opt *Options, r *http.Request) string {
 }
 
 // secKeyOfURL is the middleware key of a plain GET of rawURL under opt.
+// The request is the one a server receives from a client given rawURL: an
+// origin-form target, with the URL's host in Host.
 func secKeyOfURL(t *testing.T, opt *Options, rawURL string, hdr ...string) string {
 	t.Helper()
-	r := httptest.NewRequest(http.MethodGet, rawURL, nil)
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodGet, u.RequestURI(), nil)
+	r.Host = u.Host
 	for i := 0; i+1 < len(hdr); i += 2 {
 		r.Header.Add(hdr[i], hdr[i+1])
 	}
@@ -1206,7 +1227,9 @@ func TestKeyInjection(t *testing.T) {
 				runs.Add(1)
 				io.WriteString(w, "ok "+r.Host)
 			})
-			srv, cl := secServe(t, rt.build(New(c, nil), h))
+			// Keys far above the default MaxKeyBytes, to show their bytes
+			// never reach Redis either.
+			srv, cl := secServe(t, rt.build(New(c, &Options{MaxKeyBytes: 1 << 20}), h))
 			for pass, want := range []string{statusStored, statusHit} {
 				for _, target := range targets {
 					r := secGet(t, cl, srv.URL+target)
@@ -1661,8 +1684,11 @@ func TestRequestBodyAndHost(t *testing.T) {
 			}{
 				{"GET http://other.%[1]s/abs HTTP/1.1\r\nHost: victim.%[1]s", "host=other.%[1]s", statusStored},
 				{"GET /abs HTTP/1.1\r\nHost: victim.%[1]s", "host=victim.%[1]s", statusStored},
-				{"GET /abs HTTP/1.1\r\nHost: other.%[1]s", "host=other.%[1]s", statusHit},
-				{"GET http://victim.%[1]s/abs HTTP/1.1\r\nHost: other.%[1]s", "host=victim.%[1]s", statusHit},
+				// An absolute-form target never shares the origin-form
+				// entry: the handler may read its URL.Scheme and URL.User.
+				{"GET /abs HTTP/1.1\r\nHost: other.%[1]s", "host=other.%[1]s", statusStored},
+				{"GET http://victim.%[1]s/abs HTTP/1.1\r\nHost: other.%[1]s", "host=victim.%[1]s", statusStored},
+				{"GET http://victim.%[1]s/abs HTTP/1.1\r\nHost: victim.%[1]s", "host=victim.%[1]s", statusHit},
 				{"GET http://OTHER.%[1]s/abs HTTP/1.1\r\nHost: other.%[1]s", "host=OTHER.%[1]s", statusStored},
 			}
 			domain := strings.ToLower(rt.name) + ".example" // the key has the host, not the server's port
@@ -1975,6 +2001,7 @@ func TestInvalidOptions(t *testing.T) {
 		{"negative NotFoundTTL", c, &Options{NotFoundTTL: -1}},
 		{"negative WaitTimeout", c, &Options{WaitTimeout: -1}},
 		{"negative MaxBodyBytes", c, &Options{MaxBodyBytes: -1}},
+		{"negative MaxKeyBytes", c, &Options{MaxKeyBytes: -1}},
 		{"StatusTTL 500", c, &Options{StatusTTL: map[int]time.Duration{200: time.Minute, 500: time.Minute}}},
 		{"StatusTTL 503", c, &Options{StatusTTL: map[int]time.Duration{503: time.Minute}}},
 		{"StatusTTL 206", c, &Options{StatusTTL: map[int]time.Duration{206: time.Minute}}},

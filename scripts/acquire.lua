@@ -11,7 +11,10 @@
 --                     looked (miss: any value; refresh: a different envelope)
 --   {3, pttl}         refresh: failed refreshes are backing off for pttl ms
 --   {4, message}      miss: the awaited leader failed (its failure message)
---   {0, pttl, fence}  another owner holds the lease for pttl ms
+--   {0, pttl, fence, counter}  another owner holds the lease for pttl ms;
+--                     fence is the holder's, counter the key's fence counter
+--                     now (a value announced later with a lower fence is
+--                     older than a write the caller may have seen)
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local mine = ARGV[1] .. ':'
@@ -46,7 +49,7 @@ if mode == 'miss' and awaited ~= '' and holder ~= awaited and KEYS[5] then
   end
 end
 if cur then
-  return {0, redis.call('PTTL', KEYS[1]), holder}
+  return {0, redis.call('PTTL', KEYS[1]), holder, redis.call('HGET', KEYS[2], 'n') or ''}
 end
 if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
   -- Seed a new counter with the server's clock in microseconds, so a counter

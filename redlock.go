@@ -1,0 +1,581 @@
+package herd
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/redlock_acquire.lua
+	redlockAcquireLua    string
+	redlockAcquireScript = redis.NewScript(redlockAcquireLua)
+
+	//go:embed scripts/redlock_raise.lua
+	redlockRaiseLua    string
+	redlockRaiseScript = redis.NewScript(redlockRaiseLua)
+
+	//go:embed scripts/redlock_extend.lua
+	redlockExtendLua    string
+	redlockExtendScript = redis.NewScript(redlockExtendLua)
+
+	//go:embed scripts/redlock_release.lua
+	redlockReleaseLua    string
+	redlockReleaseScript = redis.NewScript(redlockReleaseLua)
+)
+
+// RedlockOptions configures a [Redlock]. A nil *RedlockOptions, and every
+// zero field, means the documented default. Invalid values make
+// [NewRedlock] panic: they are programming errors, not request-time
+// conditions.
+type RedlockOptions struct {
+	// Prefix is the namespace of every Redis key the Redlock writes on its
+	// masters, laid out as a [Locker]'s. It must not contain '{' or '}' and
+	// is at most 64 bytes. Default: "herd". Do not point a Locker and a
+	// Redlock with the same prefix at the same server: they would share the
+	// key's lease and fence counter.
+	Prefix string
+
+	// NodeTimeout bounds each round of calls to the masters (acquire,
+	// raise, extend, release): a master that has not answered by then
+	// counts as failed for that round. Default: a tenth of the lease
+	// length, at most 100ms. Give the clients ContextTimeoutEnabled so a
+	// call to a stalled master also ends then; otherwise it runs on in the
+	// background until the client's ReadTimeout (and [Redlock.Close] waits
+	// for it).
+	NodeTimeout time.Duration
+
+	// MaxWait bounds how long [Redlock.Acquire] waits for a held lock, on
+	// top of the caller's context. Default: three times the lease length.
+	MaxWait time.Duration
+
+	// PollMin and PollMax bound the polling of [Redlock.Acquire]: the first
+	// retry comes after about PollMin, each further one waits twice as long
+	// (with jitter) up to PollMax, and never much later than the holder's
+	// lease would expire. Defaults: 10ms and 250ms.
+	PollMin, PollMax time.Duration
+
+	// FenceTTL is how long a key's fence counter stays on each master after
+	// the last lease on it; it is raised to at least twice the lease length
+	// on every acquire and extend. Default: 24h.
+	FenceTTL time.Duration
+
+	// Observer receives the lease signals (acquired, contended, lost,
+	// extended, extend failed). Default: none.
+	Observer *Observer
+
+	// KeyClass maps a key to the bounded class reported to Observer.
+	// Default: "" for every key.
+	KeyClass func(key string) string
+
+	// Logger receives rare events (a lease lost), rate-limited. Default:
+	// silent.
+	Logger *slog.Logger
+}
+
+// redlockConfig is RedlockOptions with every default applied.
+type redlockConfig struct {
+	lockerConfig
+	nodeTimeout time.Duration // 0: ttl/10, at most 100ms
+}
+
+func (o *RedlockOptions) resolve() redlockConfig {
+	var in RedlockOptions
+	if o != nil {
+		in = *o
+	}
+	for name, d := range map[string]time.Duration{
+		"NodeTimeout": in.NodeTimeout, "MaxWait": in.MaxWait, "PollMin": in.PollMin,
+		"PollMax": in.PollMax, "FenceTTL": in.FenceTTL,
+	} {
+		if d < 0 {
+			panic(fmt.Sprintf("herd: RedlockOptions.%s is negative (%v)", name, d))
+		}
+	}
+	if in.PollMin > 0 && in.PollMax > 0 && in.PollMax < in.PollMin {
+		panic(fmt.Sprintf("herd: RedlockOptions.PollMax (%v) is below PollMin (%v)", in.PollMax, in.PollMin))
+	}
+	lc := (&LockerOptions{
+		Prefix: in.Prefix, MaxWait: in.MaxWait, PollMin: in.PollMin, PollMax: in.PollMax,
+		FenceTTL: in.FenceTTL, Observer: in.Observer, KeyClass: in.KeyClass, Logger: in.Logger,
+	}).resolve()
+	return redlockConfig{lockerConfig: lc, nodeTimeout: in.NodeTimeout}
+}
+
+// Redlock is a lock over N independent Redis masters (N odd, at least 3):
+// a lease is held when a majority of them (N/2+1, the quorum) granted it,
+// so the lock survives the loss of up to N/2 masters. Each lease carries a
+// quorum fencing token that strictly increases from one holder to the next
+// although every master keeps its own counter (the construction and its
+// proof: docs/design.md, "Redlock").
+//
+// Acquiring runs two rounds, each sent to the masters in parallel and
+// bounded by [RedlockOptions.NodeTimeout]. Round one takes the lease on
+// every master that has it free (SET NX PX with a random owner id) and
+// reads that master's fence counter, floored by its clock. With a quorum,
+// the token is one more than the highest counter read, and round two
+// raises the counter of every master won to at least the token, again
+// only where the lease is still this owner's. The lease is held only if a
+// quorum acknowledged both rounds and time is left: the validity is the
+// lease length, less the time both rounds took, less an allowance for
+// clock drift (1% + 2ms). Otherwise the lease is released on every master
+// at once.
+//
+// A master restarted without persistence forgets the leases it granted:
+// it must stay out (not be started, or be firewalled) for at least one
+// maximum lease length before it rejoins, or a second owner can take a
+// lock the first still holds. Its fence counter restarts from its clock,
+// so tokens keep increasing as long as the masters' clocks are within the
+// documented skew (see docs/design.md).
+//
+// A Redlock is safe for concurrent use. Call [Redlock.Close] when done;
+// every call after it returns [ErrClosed].
+type Redlock struct {
+	nodes  []redis.UniversalClient
+	all    []int // 0..N-1
+	quorum int
+	cfg    redlockConfig
+	now    func() time.Time // the local clock; the model test replaces it
+
+	root   context.Context // cancelled by Close
+	cancel context.CancelFunc
+
+	mu     sync.Mutex // guards closed and the calls counter's Add against Close's Wait
+	closed bool
+	calls  sync.WaitGroup // every running call and every goroutine started for one
+}
+
+// NewRedlock returns a Redlock over the independent masters clients,
+// each a *redis.Client (or another UniversalClient) for one master. Their
+// number must be odd and at least 3, and no client may appear twice. A nil
+// opt means the defaults of [RedlockOptions]. It panics on an invalid
+// configuration.
+func NewRedlock(clients []redis.UniversalClient, opt *RedlockOptions) *Redlock {
+	if len(clients) < 3 || len(clients)%2 == 0 {
+		panic(fmt.Sprintf("herd: NewRedlock needs an odd number of Redis masters, at least 3; got %d", len(clients)))
+	}
+	seen := make(map[redis.UniversalClient]int, len(clients))
+	for i, c := range clients {
+		if c == nil {
+			panic(fmt.Sprintf("herd: NewRedlock with a nil Redis client (index %d)", i))
+		}
+		if j, dup := seen[c]; dup {
+			panic(fmt.Sprintf("herd: NewRedlock with the same Redis client at index %d and %d", j, i))
+		}
+		seen[c] = i
+	}
+	r := &Redlock{
+		nodes:  append([]redis.UniversalClient(nil), clients...),
+		quorum: len(clients)/2 + 1,
+		cfg:    opt.resolve(),
+		now:    time.Now,
+	}
+	for i := range clients {
+		r.all = append(r.all, i)
+	}
+	r.root, r.cancel = context.WithCancel(context.Background())
+	return r
+}
+
+// Quorum returns the number of masters that must grant a lease: N/2+1.
+func (r *Redlock) Quorum() int { return r.quorum }
+
+// Close stops the Redlock: it cancels its calls in progress and the
+// watchdogs of its leases, and waits for every goroutine it started,
+// including calls to a stalled master that outlived their round (they end
+// at the client's ReadTimeout). Leases not yet released stay on the
+// masters until they expire: release them before Close. Every call made
+// after Close, on the Redlock or on its leases, returns [ErrClosed].
+func (r *Redlock) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return ErrClosed
+	}
+	r.closed = true
+	r.cancel()
+	r.mu.Unlock()
+	r.calls.Wait()
+	return nil
+}
+
+// enter registers a call; it fails with ErrClosed after Close. Every
+// successful enter is paired with a leave.
+func (r *Redlock) enter() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return ErrClosed
+	}
+	r.calls.Add(1)
+	return nil
+}
+
+func (r *Redlock) leave() { r.calls.Done() }
+
+// TryAcquire takes the lock on key for ttl, or fails at once. It returns
+// an error wrapping [ErrLeaseHeld] when other owners hold it on enough
+// masters that no quorum is free, and one wrapping [ErrNoQuorum] (joined
+// with the masters' errors) when fewer than a quorum of masters answered
+// within [RedlockOptions.NodeTimeout], or a quorum answered only after
+// the lease's validity was spent. Any string but the empty one is a valid
+// key ([ErrInvalidKey]); ttl must be at least a millisecond
+// ([ErrInvalidTTL]). A failed attempt releases whatever it took, on every
+// master, before it returns.
+//
+// TryAcquire is safe under client retries: a retried round-one script
+// recognises the lease as this attempt's, and the raise of round two is
+// idempotent.
+func (r *Redlock) TryAcquire(ctx context.Context, key string, ttl time.Duration) (*RedlockLease, error) {
+	if err := r.enter(); err != nil {
+		return nil, err
+	}
+	defer r.leave()
+	keys, err := r.prepare(key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	lease, _, err := r.try(ctx, key, keys, ttl)
+	if errors.Is(err, ErrLeaseHeld) {
+		r.cfg.sig.lease(key, LeaseContended)
+	}
+	return lease, err
+}
+
+// Acquire takes the lock on key for ttl, retrying with jittered polling
+// while other owners hold it (a Redlock has no release notifications). The
+// wait is bounded by ctx and by [RedlockOptions.MaxWait]: when ctx ends
+// the error joins [ErrLeaseHeld] and ctx.Err(); when MaxWait runs out it
+// wraps [ErrWaitTimeout] and [ErrLeaseHeld]. An attempt that fails for
+// want of a quorum of answering masters ([ErrNoQuorum]) ends the wait at
+// once, and [Redlock.Close] ends it with [ErrClosed]. Key and ttl are
+// checked as in [Redlock.TryAcquire].
+func (r *Redlock) Acquire(ctx context.Context, key string, ttl time.Duration) (*RedlockLease, error) {
+	if err := r.enter(); err != nil {
+		return nil, err
+	}
+	defer r.leave()
+	keys, err := r.prepare(key, ttl)
+	if err != nil {
+		return nil, err
+	}
+	lease, hint, err := r.try(ctx, key, keys, ttl)
+	if lease != nil || !errors.Is(err, ErrLeaseHeld) {
+		return lease, err
+	}
+	r.cfg.sig.lease(key, LeaseContended) // once per wait
+
+	maxWait := r.cfg.maxWait
+	if maxWait == 0 {
+		maxWait = 3 * ttl
+	}
+	limit := time.NewTimer(maxWait)
+	defer limit.Stop()
+	backoff := r.cfg.pollMin
+	poll := time.NewTimer(pollWait(backoff, hint))
+	defer poll.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
+		case <-limit.C:
+			return nil, fmt.Errorf("%w after %v: %w", ErrWaitTimeout, maxWait, ErrLeaseHeld)
+		case <-r.root.Done():
+			return nil, ErrClosed
+		case <-poll.C:
+		}
+		lease, hint, err = r.try(ctx, key, keys, ttl)
+		if err != nil && ctx.Err() != nil {
+			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
+		}
+		if lease != nil || !errors.Is(err, ErrLeaseHeld) {
+			return lease, err
+		}
+		backoff = min(2*backoff, r.cfg.pollMax)
+		poll.Reset(pollWait(backoff, hint))
+	}
+}
+
+// pollWait is the jittered backoff, cut short when a holder's lease ends
+// sooner.
+func pollWait(backoff, holder time.Duration) time.Duration {
+	wait := jitter(backoff)
+	if holder > 0 && holder+time.Millisecond < wait {
+		wait = holder + time.Millisecond
+	}
+	return wait
+}
+
+func (r *Redlock) prepare(key string, ttl time.Duration) (keyFamily, error) {
+	if err := checkTTL(ttl); err != nil {
+		return keyFamily{}, err
+	}
+	return makeKeys(r.cfg.prefix, key)
+}
+
+func (r *Redlock) fenceTTL(ttl time.Duration) time.Duration {
+	return max(r.cfg.fenceTTL, 2*ttl)
+}
+
+// nodeTimeout is the bound of one round for a lease of length ttl.
+func (r *Redlock) nodeTimeout(ttl time.Duration) time.Duration {
+	if r.cfg.nodeTimeout > 0 {
+		return r.cfg.nodeTimeout
+	}
+	return min(max(ttl/10, time.Millisecond), 100*time.Millisecond)
+}
+
+// try runs one attempt: both rounds and, when it fails, the release on
+// every master. On ErrLeaseHeld it also returns the shortest remaining
+// lease of another owner (0 when unknown).
+func (r *Redlock) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*RedlockLease, time.Duration, error) {
+	a := r.newAttempt(key, keys, ttl)
+	timeout := r.nodeTimeout(ttl)
+	a.acq = r.fanout(ctx, r.all, timeout, func(ctx context.Context, i int) nodeReply {
+		return r.acquireNode(ctx, i, keys, a.owner, ttl)
+	})
+	err := a.afterAcquire()
+	if err == nil {
+		raised := r.fanout(ctx, a.won, timeout, func(ctx context.Context, i int) nodeReply {
+			return r.raiseNode(ctx, i, keys, a.owner, a.token, ttl)
+		})
+		var lease *RedlockLease
+		if lease, err = a.afterRaise(raised); err == nil {
+			r.cfg.sig.lease(key, LeaseAcquired)
+			return lease, 0, nil
+		}
+	}
+	// Release everywhere at once, also where no reply came: the SET may
+	// have run there after the round gave up on it.
+	r.fanout(context.WithoutCancel(ctx), r.all, timeout, func(ctx context.Context, i int) nodeReply {
+		return r.releaseNode(ctx, i, keys, a.owner)
+	})
+	return nil, a.holderTTL(), err
+}
+
+// nodeReply is one master's answer in one round.
+type nodeReply struct {
+	ok   bool          // acquired, raised, extended or released there
+	n    uint64        // round one, ok: the master's fence counter
+	pttl time.Duration // round one, held: the other owner's remaining lease
+	err  error         // no answer (a Redis error, the round's timeout); ok is false
+}
+
+// fanout calls call for each of nodes in parallel under one deadline,
+// timeout from now, and returns the replies indexed by node (a node not
+// in nodes, or that has not answered by the deadline, gets an error). A
+// call still running at the deadline is left to finish in the background;
+// Close waits for it.
+func (r *Redlock) fanout(ctx context.Context, nodes []int, timeout time.Duration, call func(ctx context.Context, node int) nodeReply) []nodeReply {
+	replies := make([]nodeReply, len(r.nodes))
+	for i := range replies {
+		replies[i].err = errNotAsked
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	stop := context.AfterFunc(r.root, cancel)
+	defer stop()
+
+	type answer struct {
+		node  int
+		reply nodeReply
+	}
+	answers := make(chan answer, len(nodes)) // never blocks a late call
+	for _, i := range nodes {
+		replies[i].err = nil
+		r.calls.Add(1) // the calling method holds one, so this never races Close's Wait
+		go func() {
+			defer r.calls.Done()
+			answers <- answer{i, call(ctx, i)}
+		}()
+	}
+	got := make([]bool, len(r.nodes))
+	for pending := len(nodes); pending > 0; pending-- {
+		var a answer
+		select {
+		case a = <-answers:
+		case <-ctx.Done():
+			select {
+			case a = <-answers: // answered just in time
+			default: // the round is over: what did not answer failed
+				for _, i := range nodes {
+					if !got[i] {
+						replies[i] = nodeReply{err: fmt.Errorf("master %d: no answer: %w", i, context.Cause(ctx))}
+					}
+				}
+				return replies
+			}
+		}
+		replies[a.node], got[a.node] = a.reply, true
+	}
+	return replies
+}
+
+var errNotAsked = errors.New("not asked")
+
+func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
+	res, err := redlockAcquireScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence},
+		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds()).Slice()
+	if err != nil {
+		return nodeReply{err: fmt.Errorf("master %d: %w", i, err)}
+	}
+	ok, val, err := parsePair(res)
+	if err != nil {
+		return nodeReply{err: fmt.Errorf("master %d: %w", i, err)}
+	}
+	if ok != 1 {
+		pttl, _ := strconv.ParseInt(val, 10, 64)
+		return nodeReply{pttl: max(time.Duration(pttl)*time.Millisecond, 0)}
+	}
+	n, err := strconv.ParseUint(val, 10, 64)
+	if err != nil {
+		return nodeReply{err: fmt.Errorf("master %d: bad fence counter %q", i, val)}
+	}
+	return nodeReply{ok: true, n: n}
+}
+
+func (r *Redlock) raiseNode(ctx context.Context, i int, keys keyFamily, owner string, token uint64, ttl time.Duration) nodeReply {
+	return r.intNode(i, redlockRaiseScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence},
+		owner, strconv.FormatUint(token, 10), r.fenceTTL(ttl).Milliseconds()))
+}
+
+func (r *Redlock) extendNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
+	return r.intNode(i, redlockExtendScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence},
+		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds()))
+}
+
+func (r *Redlock) releaseNode(ctx context.Context, i int, keys keyFamily, owner string) nodeReply {
+	return r.intNode(i, redlockReleaseScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence}, owner))
+}
+
+// intNode reads a script's 1 (ok) or 0 (not this owner's lease) reply.
+func (r *Redlock) intNode(i int, cmd *redis.Cmd) nodeReply {
+	n, err := cmd.Int()
+	if err != nil {
+		return nodeReply{err: fmt.Errorf("master %d: %w", i, err)}
+	}
+	return nodeReply{ok: n == 1}
+}
+
+// tally counts a round's replies: granted, refused (another owner's lease
+// there, or no longer ours), and the errors of those that did not answer.
+func tally(replies []nodeReply) (ok, refused int, errs []error) {
+	for _, rep := range replies {
+		switch {
+		case rep.ok:
+			ok++
+		case errors.Is(rep.err, errNotAsked):
+		case rep.err != nil:
+			errs = append(errs, rep.err)
+		default:
+			refused++
+		}
+	}
+	return ok, refused, errs
+}
+
+// rlAttempt is one try at a Redlock lease: the owner id, the clock reading
+// before the first round, and what the rounds brought back. The steps are
+// separate methods so the model test can interleave them across attempts.
+type rlAttempt struct {
+	r     *Redlock
+	key   string
+	keys  keyFamily
+	owner string
+	ttl   time.Duration
+	start time.Time   // read before round one is sent
+	acq   []nodeReply // round one, by master
+	won   []int       // the masters that granted round one
+	token uint64      // 1 + the highest counter read in round one
+}
+
+func (r *Redlock) newAttempt(key string, keys keyFamily, ttl time.Duration) *rlAttempt {
+	return &rlAttempt{r: r, key: key, keys: keys, owner: newOwner(), ttl: ttl, start: r.now()}
+}
+
+// deadline is the end of the attempt's validity: no master's lease, set
+// after start, expires before start + ttl, less the drift allowance.
+func (a *rlAttempt) deadline() time.Time { return a.start.Add(a.ttl - drift(a.ttl)) }
+
+// afterAcquire decides round one: with a quorum of grants and validity
+// left, it picks the token (1 + the highest counter the grants read).
+func (a *rlAttempt) afterAcquire() error {
+	a.won = a.won[:0]
+	var top uint64
+	for i, rep := range a.acq {
+		if rep.ok {
+			a.won = append(a.won, i)
+			top = max(top, rep.n)
+		}
+	}
+	if err := a.quorumError(a.acq, "acquire"); err != nil {
+		return err
+	}
+	if !a.r.now().Before(a.deadline()) {
+		return fmt.Errorf("%w: %q: a quorum granted the lease only after its validity", ErrNoQuorum, a.key)
+	}
+	a.token = top + 1
+	return nil
+}
+
+// afterRaise decides round two and, when it held, returns the lease.
+func (a *rlAttempt) afterRaise(raised []nodeReply) (*RedlockLease, error) {
+	if err := a.quorumError(raised, "raise the fence on"); err != nil {
+		return nil, err
+	}
+	deadline := a.deadline()
+	now := a.r.now()
+	if !now.Before(deadline) {
+		return nil, fmt.Errorf("%w: %q: the lease's validity was spent before a quorum raised its fence", ErrNoQuorum, a.key)
+	}
+	l := &RedlockLease{
+		r:        a.r,
+		key:      a.key,
+		keys:     a.keys,
+		owner:    a.owner,
+		token:    a.token,
+		ttl:      a.ttl,
+		acquired: a.start,
+		lost:     make(chan struct{}),
+	}
+	l.mu.Lock() // the timer may fire before the assignment is done
+	l.deadline = deadline
+	l.expiry = time.AfterFunc(deadline.Sub(now), l.markLost)
+	l.mu.Unlock()
+	return l, nil
+}
+
+// quorumError is nil when a quorum granted the round. Otherwise it wraps
+// ErrLeaseHeld when a quorum answered (other owners hold the rest), and
+// ErrNoQuorum joined with the masters' errors when too few answered.
+func (a *rlAttempt) quorumError(replies []nodeReply, what string) error {
+	q, n := a.r.quorum, len(a.r.nodes)
+	ok, refused, errs := tally(replies)
+	if ok >= q {
+		return nil
+	}
+	if ok+refused >= q || len(errs) == 0 {
+		return fmt.Errorf("%w: %q: %d of %d masters granted it, %d needed", ErrLeaseHeld, a.key, ok, n, q)
+	}
+	return fmt.Errorf("%w: %s %q: %d of %d masters answered, %d granted, %d needed: %w",
+		ErrNoQuorum, what, a.key, ok+refused, n, ok, q, errors.Join(errs...))
+}
+
+// holderTTL is the shortest remaining lease of another owner seen in round
+// one, or 0.
+func (a *rlAttempt) holderTTL() time.Duration {
+	var d time.Duration
+	for _, rep := range a.acq {
+		if !rep.ok && rep.err == nil && rep.pttl > 0 && (d == 0 || rep.pttl < d) {
+			d = rep.pttl
+		}
+	}
+	return d
+}

@@ -1,0 +1,17 @@
+-- REDLOCK RELEASE (on one master): delete the lease only if it is still
+-- this owner's here, and remember that it did (field q of the fence hash),
+-- so that a retried release whose first reply was lost still says 1.
+-- KEYS[1] lease, KEYS[2] fence hash
+-- ARGV[1] owner
+-- Returns 1 when released (now or by an earlier try), 0 when not ours.
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    redis.call('HSET', KEYS[2], 'q', ARGV[1])
+  end
+  return 1
+end
+if redis.call('HGET', KEYS[2], 'q') == ARGV[1] then
+  return 1
+end
+return 0
