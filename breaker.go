@@ -13,8 +13,11 @@ import (
 
 // breaker is the Cache's circuit breaker on Redis. After threshold
 // consecutive infrastructure errors it opens: flights skip Redis for
-// cooldown, then one flight probes; its success closes the breaker, its
-// failure opens it for another cooldown.
+// cooldown, then one flight probes; its success (any answer from Redis,
+// an error reply included) closes the breaker, its failure opens it for
+// another cooldown. A probe that reports neither within a cooldown is
+// presumed lost and the next call probes instead, so the breaker cannot
+// stay shut because one probe's path forgot to report.
 type breaker struct {
 	threshold int
 	cooldown  time.Duration
@@ -24,10 +27,11 @@ type breaker struct {
 	// reads one atomic instead of taking the mutex.
 	troubled atomic.Bool
 
-	mu        sync.Mutex
-	fails     int
-	openUntil time.Time
-	probing   bool
+	mu         sync.Mutex
+	fails      int
+	openUntil  time.Time
+	probing    bool
+	probeUntil time.Time // while probing: when the probe is presumed lost
 }
 
 // errBreakerOpen is the cause reported while the breaker is open.
@@ -43,11 +47,24 @@ func (b *breaker) allow() bool {
 	if b.fails < b.threshold {
 		return true
 	}
-	if b.probing || time.Now().Before(b.openUntil) {
+	now := time.Now()
+	if b.probing && now.Before(b.probeUntil) || now.Before(b.openUntil) {
 		return false
 	}
 	b.probing = true // this flight is the probe
+	b.probeUntil = now.Add(b.cooldown)
 	return true
+}
+
+// probeDone ends a probe that got no verdict (its call was cancelled
+// before Redis answered): the next call after the cooldown probes again.
+func (b *breaker) probeDone() {
+	if !b.troubled.Load() {
+		return
+	}
+	b.mu.Lock()
+	b.probing = false
+	b.mu.Unlock()
 }
 
 // success records an answer from Redis and reports whether it closed an

@@ -28,6 +28,10 @@ var (
 	//go:embed scripts/invalidate.lua
 	invalidateLua    string
 	invalidateScript = redis.NewScript(invalidateLua)
+
+	// getScript is GET as a script, which a cluster client sends to the
+	// slot's master even when it routes reads to replicas.
+	getScript = redis.NewScript(`return redis.call('GET', KEYS[1])`)
 )
 
 // LoadFunc loads the value of a key from the source of truth. Its context
@@ -59,6 +63,8 @@ type Cache struct {
 	stats  counters
 	sig    *signals // observer, classes and rate-limited logging, shared with locker
 
+	masterReads bool // rdb may route GET to a replica: read values with getScript
+
 	ctx    context.Context // ends on Close; parent of all shared work
 	cancel context.CancelFunc
 	mu     sync.RWMutex // guards closed against flights starting
@@ -89,6 +95,17 @@ type Cache struct {
 // Bound every Redis call with the client's own ReadTimeout and
 // WriteTimeout (or ContextTimeoutEnabled): the Cache relies on them to
 // notice a slow or vanished Redis.
+//
+// The Cache reads its values from masters only: a replica may still hold
+// a value that Set or Invalidate replaced on its master, and serving it
+// would break read-your-writes. When rdb is a *redis.ClusterClient that
+// routes read-only commands to replicas (ClusterOptions.ReadOnly,
+// RouteByLatency or RouteRandomly, and the cluster client of
+// NewFailoverClusterClient with ReplicaOnly, RouteByLatency or
+// RouteRandomly), New detects it and the Cache reads each value with a
+// one-line script, which the client sends to the master: the client's
+// other commands still go where it routes them. See the package
+// documentation for the cost and for what cannot be detected.
 func New(rdb redis.UniversalClient, opt *Options) *Cache {
 	if rdb == nil {
 		panic("herd: New with a nil Redis client")
@@ -105,6 +122,8 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		calib:  newCalibrator(cfg.calib),
 		local:  make(chan struct{}, cfg.MaxLocalLoads),
 		brk:    breaker{threshold: cfg.BreakerThreshold, cooldown: cfg.BreakerCooldown},
+
+		masterReads: readsReplicas(rdb),
 
 		fills:      make(map[string]*localFill),
 		open:       make(map[*Fill]struct{}),
@@ -123,8 +142,9 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 // key at a time; the others get its value. The value is stored for ttl.
 //
 // Get returns at once with an error for an empty key ([ErrInvalidKey]), a
-// ttl under a millisecond ([ErrInvalidTTL]: herd does not coalesce without
-// storing) or a nil load ([ErrNilLoader]). It returns ctx.Err() when ctx
+// ttl under a millisecond or over 50 years ([ErrInvalidTTL]: herd does not
+// coalesce without storing), a nil load ([ErrNilLoader]) or a closed Cache
+// ([ErrClosed]). It returns ctx.Err() when ctx
 // ends first; the rebuild goes on for the other callers. A loader error
 // or panic reaches every caller of that rebuild wrapped in
 // [ErrLoadFailed]; [ErrNotFound] from the loader is returned as is and
@@ -225,10 +245,13 @@ const writeMarkerTTL = time.Minute
 // Set stores val under key for ttl, in one round trip. It advances the
 // key's fence first, so a rebuild that started before Set can never
 // overwrite val, and wakes callers waiting on the key. Errors: those of
-// Get's arguments, [ErrValueTooLarge], or the wrapped Redis error. When
-// ctx ends first, Set returns at once with an error wrapping ctx.Err();
-// the write may still land.
+// Get's arguments, [ErrValueTooLarge], [ErrClosed] after Close, or the
+// wrapped Redis error. When ctx ends first, Set returns at once with an
+// error wrapping ctx.Err(); the write may still land.
 func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
+	if c.isClosed() {
+		return ErrClosed
+	}
 	if err := checkTTL(ttl); err != nil {
 		return err
 	}
@@ -255,10 +278,13 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 // Invalidate deletes key's value and advances its fence, in one round
 // trip: a rebuild in flight when Invalidate runs cannot write its value
 // afterwards (the stale-set race that memcache leases close); the next Get
-// loads again. Errors: [ErrInvalidKey] or the wrapped Redis error. When
-// ctx ends first, Invalidate returns at once with an error wrapping
-// ctx.Err(); the write may still land.
+// loads again. Errors: [ErrInvalidKey], [ErrClosed] after Close, or the
+// wrapped Redis error. When ctx ends first, Invalidate returns at once
+// with an error wrapping ctx.Err(); the write may still land.
 func (c *Cache) Invalidate(ctx context.Context, key string) error {
+	if c.isClosed() {
+		return ErrClosed
+	}
 	keys, err := makeKeys(c.cfg.Prefix, key)
 	if err != nil {
 		return err
@@ -319,8 +345,11 @@ func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other
-// processes at once), and stops the pub/sub connection. Later calls return
-// [ErrClosed]. Close is idempotent. It does not close the Redis client.
+// processes at once), and stops the pub/sub connection. Every later call
+// of Get, [Fetch], Begin, Set and Invalidate returns [ErrClosed], without
+// touching Redis. A Fill that Close aborted has given its lease back: its
+// Commit and Abort do nothing and return nil. Close is idempotent. It does
+// not close the Redis client.
 func (c *Cache) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -334,6 +363,35 @@ func (c *Cache) Close() error {
 	c.wg.Wait()
 	c.abortOpenFills() // Fills that a Begin already running made meanwhile
 	return c.locker.Close()
+}
+
+// readsReplicas reports whether rdb may send a read-only command such as
+// GET to a replica. go-redis sets ClusterOptions.ReadOnly for
+// RouteByLatency and RouteRandomly, and for a failover cluster client's
+// ReplicaOnly; scripts (EVALSHA) are never read-only, so they go to the
+// slot's master.
+func readsReplicas(rdb redis.UniversalClient) bool {
+	cc, ok := rdb.(*redis.ClusterClient)
+	return ok && cc.Options().ReadOnly
+}
+
+// readValue GETs a value key from its master.
+func (c *Cache) readValue(ctx context.Context, key string) ([]byte, error) {
+	if !c.masterReads {
+		return c.rdb.Get(ctx, key).Bytes()
+	}
+	s, err := getScript.Run(ctx, c.rdb, []string{key}).Text()
+	if err != nil {
+		return nil, err
+	}
+	return []byte(s), nil
+}
+
+// isClosed reports whether Close was called.
+func (c *Cache) isClosed() bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.closed
 }
 
 // Stats returns the Cache's counters since New.

@@ -13,8 +13,11 @@ var (
 	ErrInvalidKey = errors.New("herd: invalid key")
 
 	// ErrInvalidTTL is returned, at once and without touching Redis, for a
-	// lease length or time-to-live that is zero or negative, or shorter than
-	// the millisecond Redis counts in.
+	// time-to-live or lease length herd cannot store: a value's ttl must be
+	// between 1ms (Redis counts in milliseconds) and 50 years (so that
+	// ttl + [Options.StaleFor] and the fence's TTL cannot overflow), a
+	// lease's between 10ms (herd subtracts 1% + 2ms of every lease for
+	// clock drift) and 50 years. The error names the range.
 	ErrInvalidTTL = errors.New("herd: invalid ttl")
 
 	// ErrLeaseHeld is returned by [Locker.TryAcquire] when another owner
@@ -84,8 +87,10 @@ var (
 	ErrNoQuorum = errors.New("herd: no quorum of Redis masters")
 
 	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
-	// its Close, and by every call on a [Redlock] or its leases after the
-	// Redlock's Close.
+	// its Close: TryAcquire, Acquire (also one waiting when Close is
+	// called), Get, [Fetch], Begin, Set and Invalidate. A [Lease] handed
+	// out before Close can still be extended and released. Every call on a
+	// [Redlock] or its leases after the Redlock's Close returns it too.
 	ErrClosed = errors.New("herd: closed")
 )
 

@@ -298,11 +298,15 @@ func (fl *Fill) Leased() bool { return fl.lease != nil }
 // waiters). A val above [Options.MaxValueBytes] is not stored: the
 // waiters in this process still get it, those in other processes are told
 // [ErrNotShared] and build it themselves, and Commit returns
-// [ErrValueTooLarge]. An invalid ttl aborts the Fill and returns
-// [ErrInvalidTTL]. Calls after the first Commit or Abort do nothing and
+// [ErrValueTooLarge]. A ttl outside [1ms, 50 years] or a staleFor over 50
+// years aborts the Fill and returns [ErrInvalidTTL]. Calls after the first Commit or Abort do nothing and
 // return nil.
 func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
-	if err := checkTTL(ttl); err != nil {
+	err := checkTTL(ttl)
+	if err == nil && staleFor > maxTTL {
+		err = fmt.Errorf("%w: staleFor %v (must be at most %v, 50 years)", ErrInvalidTTL, staleFor, maxTTL)
+	}
+	if err != nil {
 		fl.Abort(err)
 		return err
 	}

@@ -8,7 +8,8 @@ import (
 
 // LockerOptions configures a [Locker]. A nil *LockerOptions, and every zero
 // field, means the documented default. Invalid values make [NewLocker]
-// panic: they are programming errors, not request-time conditions.
+// panic: they are programming errors, not request-time conditions. Every
+// duration is at most 50 years, and a FenceTTL that is set at least 1ms.
 type LockerOptions struct {
 	// Prefix is the namespace of every Redis key and channel the Locker
 	// uses. It must not contain '{' or '}' and is at most 64 bytes.
@@ -77,9 +78,10 @@ func (o *LockerOptions) resolve() lockerConfig {
 	for name, d := range map[string]time.Duration{
 		"MaxWait": c.maxWait, "PollMin": c.pollMin, "PollMax": c.pollMax, "FenceTTL": c.fenceTTL,
 	} {
-		if d < 0 {
-			panic(fmt.Sprintf("herd: LockerOptions.%s is negative (%v)", name, d))
-		}
+		checkOption("LockerOptions."+name, d, 0)
+	}
+	if c.fenceTTL != 0 {
+		checkOption("LockerOptions.FenceTTL", c.fenceTTL, time.Millisecond)
 	}
 	if c.pollMin == 0 {
 		c.pollMin = 10 * time.Millisecond
@@ -97,12 +99,48 @@ func (o *LockerOptions) resolve() lockerConfig {
 	return c
 }
 
-// checkTTL rejects lease lengths and TTLs Redis cannot represent.
+// The durations herd accepts. A value's time-to-live is counted in the
+// milliseconds Redis counts in; a lease also loses a clock-drift allowance
+// (see drift) and must keep enough validity after it for a round trip.
+// The upper bound keeps every sum herd forms (ttl + StaleFor, a fence TTL
+// of twice a lease or value TTL) within a time.Duration: about 50 years.
+const (
+	minTTL   = time.Millisecond
+	minLease = 10 * time.Millisecond // validity after drift: 7.9ms
+	maxTTL   = 50 * 365 * 24 * time.Hour
+)
+
+// checkTTL rejects a value's time-to-live outside [minTTL, maxTTL].
 func checkTTL(ttl time.Duration) error {
-	if ttl < time.Millisecond {
-		return fmt.Errorf("%w: %v (must be at least 1ms)", ErrInvalidTTL, ttl)
+	if ttl < minTTL || ttl > maxTTL {
+		return fmt.Errorf("%w: %v (a ttl must be between %v and %v, 50 years)", ErrInvalidTTL, ttl, minTTL, maxTTL)
 	}
 	return nil
+}
+
+// checkLeaseTTL rejects a lease length outside [minLease, maxTTL]: a
+// shorter lease would be spent by its drift allowance before the acquire's
+// reply could be used, so every acquire would fail as held.
+func checkLeaseTTL(ttl time.Duration) error {
+	if ttl < minLease || ttl > maxTTL {
+		return fmt.Errorf("%w: %v (a lease must be between %v and %v, 50 years: herd subtracts 1%% + 2ms of every lease for clock drift)", ErrInvalidTTL, ttl, minLease, maxTTL)
+	}
+	return nil
+}
+
+// checkOption panics, as the constructors do on a programming error, when
+// the option field is negative, above maxTTL, or positive and below low.
+// Zero means the default and is always accepted.
+func checkOption(field string, d, low time.Duration) {
+	if d == 0 {
+		return
+	}
+	if d < 0 || d < low || d > maxTTL {
+		if low == 0 {
+			panic(fmt.Sprintf("herd: %s is %v; it must be 0 (the default) or up to %v (50 years)", field, d, maxTTL))
+		}
+		panic(fmt.Sprintf("herd: %s is %v; it must be 0 (the default) or between %v and %v (50 years)", field, d, low, maxTTL))
+	}
 }
 
 // Fallback says what a caller that waited its whole wait budget for
@@ -122,7 +160,12 @@ const (
 )
 
 // Options configures a [Cache]. A nil *Options, and every zero field,
-// means the documented default. Invalid values make [New] panic.
+// means the documented default. Invalid values make [New] panic, with a
+// message naming the field and its range. Every duration is at most 50
+// years; MinLease, MaxLease and DefaultLease, when set, are at least 10ms
+// (a lease loses 1% + 2ms to the clock-drift allowance); a positive
+// NegativeTTL, RefreshBackoff or RefreshBackoffMax is at least 1ms (Redis
+// counts in milliseconds).
 type Options struct {
 	// Prefix namespaces every Redis key and channel, as in
 	// [LockerOptions.Prefix]. Default: "herd".
@@ -284,15 +327,29 @@ func (o *Options) resolve() cacheConfig {
 		c.Prefix = DefaultPrefix
 	}
 	checkPrefix(c.Prefix)
+	// Durations that only drive local timers may be anything positive;
+	// those written to Redis must be whole milliseconds' worth, and lease
+	// lengths must outlast their drift allowance.
 	for name, d := range map[string]time.Duration{
 		"LoadTimeout": c.LoadTimeout, "MaxHold": c.MaxHold, "WaitTimeout": c.WaitTimeout,
-		"BreakerCooldown": c.BreakerCooldown, "MinLease": c.MinLease, "MaxLease": c.MaxLease,
-		"DefaultLease": c.DefaultLease, "PollMin": c.PollMin, "PollMax": c.PollMax,
-		"StaleFor": c.StaleFor, "RefreshBackoff": c.RefreshBackoff, "RefreshBackoffMax": c.RefreshBackoffMax,
+		"BreakerCooldown": c.BreakerCooldown, "PollMin": c.PollMin, "PollMax": c.PollMax,
+		"StaleFor": c.StaleFor,
 	} {
-		if d < 0 {
-			panic(fmt.Sprintf("herd: Options.%s is negative (%v)", name, d))
-		}
+		checkOption("Options."+name, d, 0)
+	}
+	for name, d := range map[string]time.Duration{
+		"RefreshBackoff": c.RefreshBackoff, "RefreshBackoffMax": c.RefreshBackoffMax,
+	} {
+		checkOption("Options."+name, d, minTTL)
+	}
+	for name, d := range map[string]time.Duration{
+		"MinLease": c.MinLease, "MaxLease": c.MaxLease, "DefaultLease": c.DefaultLease,
+	} {
+		checkOption("Options."+name, d, minLease)
+	}
+	if c.NegativeTTL > 0 {
+		// Negative means "not remembered"; a positive one is stored.
+		checkOption("Options.NegativeTTL", c.NegativeTTL, minTTL)
 	}
 	for name, n := range map[string]int{
 		"MaxValueBytes": c.MaxValueBytes, "MaxLocalLoads": c.MaxLocalLoads, "BreakerThreshold": c.BreakerThreshold,

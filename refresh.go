@@ -139,10 +139,17 @@ func (c *Cache) refresh(f *flight, seenFence []byte) {
 	}
 	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence, "")
 	if err != nil {
-		if errors.Is(err, ErrLeaseHeld) {
-			c.redisAnswered() // an answer: it may have been the breaker's probe
-		} else {
+		// This call may be the breaker's probe: every outcome reports to
+		// the breaker, or no other call would reach Redis again.
+		switch {
+		case errors.Is(err, ErrLeaseHeld):
+			c.redisAnswered()
+		case errors.Is(err, context.Canceled):
+			c.brk.probeDone() // Close, not Redis: no verdict
+		case isInfraError(err):
 			c.redisFailed(err)
+		default:
+			c.redisAnswered() // an error reply (a foreign value, say): Redis answered
 		}
 		return
 	}

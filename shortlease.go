@@ -46,6 +46,9 @@ type Locker struct {
 	rdb    redis.UniversalClient
 	cfg    lockerConfig
 	notify *notifier
+
+	closeOnce sync.Once
+	done      chan struct{} // closed by Close
 }
 
 // NewLocker returns a Locker that keeps its leases in rdb, which may be a
@@ -56,19 +59,39 @@ func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
 	if rdb == nil {
 		panic("herd: NewLocker with a nil Redis client")
 	}
-	return &Locker{rdb: rdb, cfg: opt.resolve(), notify: newNotifier(rdb)}
+	return &Locker{rdb: rdb, cfg: opt.resolve(), notify: newNotifier(rdb), done: make(chan struct{})}
 }
 
-// Close stops the Locker's pub/sub connection. Leases already handed out
-// keep working; later calls to Acquire return [ErrClosed].
+// Close stops the Locker's pub/sub connection. Later calls to TryAcquire
+// and Acquire return [ErrClosed], and an Acquire still waiting returns
+// it at once. Leases already handed out are not released by Close: they
+// stay their holders', whose [Lease.Extend], [Lease.KeepAlive] and
+// [Lease.Release] keep working after Close (one script each, without the
+// pub/sub connection), so a holder can finish its work and give the lease
+// back. Release every lease before Close; a watchdog left running ends
+// only with its lease. Close is idempotent.
 func (l *Locker) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
 	return l.notify.close()
+}
+
+// isClosed reports whether Close was called.
+func (l *Locker) isClosed() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // TryAcquire takes the lease on key for ttl, in one round trip, or fails at
 // once with an error that wraps [ErrLeaseHeld] when another owner holds
 // it. Any string but the empty one is a valid key ([ErrInvalidKey]); ttl
-// must be at least a millisecond ([ErrInvalidTTL]).
+// must be between 10ms and 50 years ([ErrInvalidTTL]): herd counts a lease
+// valid for ttl less 1% + 2ms of clock-drift allowance, and a shorter lease
+// would be spent before the reply arrived. After [Locker.Close] it returns
+// [ErrClosed].
 //
 // The lease ends after ttl unless extended ([Lease.Extend],
 // [Lease.KeepAlive]); release it with [Lease.Release] when done.
@@ -95,7 +118,8 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 // [LockerOptions.MaxWait]: when ctx ends the error joins [ErrLeaseHeld]
 // and ctx.Err(); when MaxWait runs out it wraps [ErrWaitTimeout] and
 // [ErrLeaseHeld]. A Redis error ends the wait at once and is returned
-// wrapped. Key and ttl are checked as in [Locker.TryAcquire].
+// wrapped. Key and ttl are checked as in [Locker.TryAcquire]. After
+// [Locker.Close], and when Close ends its wait, it returns [ErrClosed].
 func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
 	keys, err := l.prepare(key, ttl)
 	if err != nil {
@@ -142,6 +166,8 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 		select {
 		case <-ctx.Done():
 			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
+		case <-l.done:
+			return nil, fmt.Errorf("%w: acquire %q", ErrClosed, key)
 		case <-limit.C:
 			return nil, fmt.Errorf("%w after %v: %w", ErrWaitTimeout, maxWait, ErrLeaseHeld)
 		case <-wake:
@@ -166,7 +192,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 
 // prepare validates the arguments and maps the key.
 func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
-	if err := checkTTL(ttl); err != nil {
+	if l.isClosed() {
+		return keyFamily{}, ErrClosed
+	}
+	if err := checkLeaseTTL(ttl); err != nil {
 		return keyFamily{}, err
 	}
 	return makeKeys(l.cfg.prefix, key)
@@ -331,14 +360,21 @@ func (l *Lease) Lost() <-chan struct{} { return l.lost }
 // owner's. It returns an error wrapping [ErrLeaseLost] when it is not, or
 // once the lease is known lost or released; a Redis error is returned
 // wrapped and leaves the lease as it was (Lost closes when its validity
-// runs out).
+// runs out). ttl is checked as in [Locker.TryAcquire]. Extend keeps
+// working after [Locker.Close].
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrLeaseLost
 	}
-	if err := checkTTL(ttl); err != nil {
+	if err := checkLeaseTTL(ttl); err != nil {
 		return err
 	}
+	return l.extend(ctx, ttl)
+}
+
+// extend is Extend without the range check, for the watchdog's capped
+// last renewal, which may be shorter than a lease may be acquired for.
+func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 	l.mu.Lock()
 	gone := l.isLost || l.released
 	l.mu.Unlock()
@@ -424,7 +460,7 @@ func (l *Lease) renew(w *watchdog, capAt time.Time) {
 		}
 		for {
 			ctx, cancel := context.WithDeadline(w.ctx, l.Deadline())
-			err := l.Extend(ctx, ext)
+			err := l.extend(ctx, ext)
 			cancel()
 			if err == nil {
 				break
@@ -453,7 +489,7 @@ func (l *Lease) renew(w *watchdog, capAt time.Time) {
 // wrapping [ErrLeaseLost] when the lease had already passed to someone
 // else or expired (the other holder's lease is left alone), and a wrapped
 // Redis error when Redis could not be reached. Release is nil-safe, and
-// releasing twice is not an error.
+// releasing twice is not an error. It keeps working after [Locker.Close].
 func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil

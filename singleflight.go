@@ -197,7 +197,7 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 // err is an infrastructure error, already recorded by the breaker.
 func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 	f.seen = time.Now()
-	b, err := c.rdb.Get(c.ctx, f.keys.value).Bytes()
+	b, err := c.readValue(c.ctx, f.keys.value)
 	if err != nil && isInfraError(err) {
 		c.redisFailed(err)
 		return envelope{}, false, err
@@ -598,7 +598,7 @@ func (c *Cache) fallback(f *flight, budget time.Duration) ([]byte, error) {
 		return nil, timeout
 	case ServeStale:
 		f.cur = currency{from: time.Now()}
-		b, err := c.rdb.Get(c.ctx, f.keys.value).Bytes()
+		b, err := c.readValue(c.ctx, f.keys.value)
 		if err == nil {
 			if env, ok := decodeEnvelope(b); ok {
 				if env.negative {
@@ -758,7 +758,8 @@ func (e *expiry) get() (ttl, staleFor time.Duration) {
 // the call and [Options.StaleFor]: for example a TTL read from the loaded
 // data, or an HTTP response's max-age. It must be called with the context
 // the loader was given, before the loader returns; elsewhere it does
-// nothing. A ttl under a millisecond or a negative staleFor is ignored.
+// nothing. A ttl outside [1ms, 50 years] or a staleFor outside
+// [0, 50 years] is ignored (see [ErrInvalidTTL]).
 func SetExpiry(ctx context.Context, ttl, staleFor time.Duration) {
 	e, ok := ctx.Value(expiryKey{}).(*expiry)
 	if !ok {
@@ -766,10 +767,10 @@ func SetExpiry(ctx context.Context, ttl, staleFor time.Duration) {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if ttl >= time.Millisecond {
+	if checkTTL(ttl) == nil {
 		e.ttl = ttl
 	}
-	if staleFor >= 0 {
+	if staleFor >= 0 && staleFor <= maxTTL {
 		e.staleFor = staleFor
 	}
 }

@@ -6,14 +6,25 @@
 -- ARGV[4] lease value, ARGV[5] PUBLISH or SPUBLISH, ARGV[6] channel,
 -- ARGV[7] message when written, ARGV[8] message when fenced
 -- Returns 1 when written, 0 when fenced (nothing written).
+-- A script that fails half-way keeps what it already wrote, so every check
+-- that can fail (the ttl, the types of the keys) comes before any write: an
+-- error reply means nothing changed and the lease is still held.
+local ttl = tonumber(ARGV[3])
+if not ttl or ttl < 1 or ttl >= 2^53 or ttl ~= math.floor(ttl) then
+  return redis.error_reply('ERR herd commit: invalid value ttl ' .. tostring(ARGV[3]))
+end
+if ARGV[5] ~= 'PUBLISH' and ARGV[5] ~= 'SPUBLISH' then
+  return redis.error_reply('ERR herd commit: invalid publish command ' .. tostring(ARGV[5]))
+end
 local mine = redis.call('GET', KEYS[2]) == ARGV[4]
+local current = redis.call('HGET', KEYS[3], 'n') == ARGV[1]
 if mine then
   redis.call('DEL', KEYS[2])
   if redis.call('EXISTS', KEYS[3]) == 1 then
     redis.call('HSET', KEYS[3], 'r', ARGV[4])
   end
 end
-if redis.call('HGET', KEYS[3], 'n') ~= ARGV[1] then
+if not current then
   if mine then
     -- Our waiters must not wait for a value that will not come.
     redis.call(ARGV[5], ARGV[6], ARGV[8])

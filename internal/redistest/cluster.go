@@ -28,9 +28,12 @@ const (
 )
 
 // Cluster is a Redis Cluster of redis-server processes started for a test.
-// Every node is a master; there are no replicas.
+// With [StartCluster] every node is a master; [StartClusterReplicas] adds
+// replicas.
 type Cluster struct {
-	servers []*Server
+	servers  []*Server
+	masters  int
+	replicas int // per master
 }
 
 // StartCluster starts a Redis Cluster of masters nodes on free ports on
@@ -46,14 +49,39 @@ type Cluster struct {
 // within 20 seconds.
 func StartCluster(t testing.TB, masters int) *Cluster {
 	t.Helper()
+	return startCluster(t, masters, 0)
+}
+
+// StartClusterReplicas is [StartCluster] with replicas replicas per
+// master: masters × (1 + replicas) nodes, which redis-cli assigns as it
+// creates the cluster. It also waits until every replica's link to its
+// master is up. [Cluster.Addrs] and [Cluster.Servers] list every node;
+// CLUSTER SLOTS (or CLUSTER NODES) tells which are replicas of which
+// master.
+func StartClusterReplicas(t testing.TB, masters, replicas int) *Cluster {
+	t.Helper()
+	if replicas < 0 {
+		t.Fatalf("redistest: StartClusterReplicas with %d replicas", replicas)
+	}
+	return startCluster(t, masters, replicas)
+}
+
+func startCluster(t testing.TB, masters, replicas int) *Cluster {
+	t.Helper()
 	bins := requireBinaries(t, "redis-server", "redis-cli")
 	if masters < 3 {
 		t.Fatalf("redistest: StartCluster needs at least 3 masters, got %d", masters)
 	}
-	c := &Cluster{}
-	for range masters {
+	c := &Cluster{masters: masters, replicas: replicas}
+	for range masters * (1 + replicas) {
 		dir := t.TempDir()
-		s := newServer(bins[0], dir, clusterOptions(dir))
+		opts := clusterOptions(dir)
+		if replicas > 0 {
+			// CLUSTER SLOTS lists a replica only once its replication offset
+			// moved: ping replicas every second instead of every ten.
+			opts = append(opts, "--repl-ping-replica-period", "1")
+		}
+		s := newServer(bins[0], dir, opts)
 		if err := s.start(freeClusterPort); err != nil {
 			t.Fatalf("redistest: cluster node: %v", err)
 		}
@@ -72,7 +100,7 @@ func StartCluster(t testing.TB, masters int) *Cluster {
 		}
 	})
 	deadline := time.Now().Add(clusterReadyTimeout)
-	if err := c.create(bins[1], deadline); err != nil {
+	if err := c.create(bins[1], replicas, deadline); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
 	if err := c.waitReady(deadline); err != nil {
@@ -133,11 +161,11 @@ func (c *Cluster) stop() error {
 }
 
 // create joins the nodes into one cluster with redis-cli.
-func (c *Cluster) create(cli string, deadline time.Time) error {
+func (c *Cluster) create(cli string, replicas int, deadline time.Time) error {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	args := append([]string{"--cluster", "create"}, c.Addrs()...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	cmd := exec.CommandContext(ctx, cli, args...)
 	cmd.SysProcAttr = sysProcAttr()
 	out, err := cmd.CombinedOutput()
@@ -185,7 +213,7 @@ func (c *Cluster) ready() error {
 			"cluster_slots_assigned": strconv.Itoa(clusterSlots),
 			"cluster_slots_ok":       strconv.Itoa(clusterSlots),
 			"cluster_known_nodes":    strconv.Itoa(len(c.servers)),
-			"cluster_size":           strconv.Itoa(len(c.servers)),
+			"cluster_size":           strconv.Itoa(c.masters),
 		} {
 			if v, _ := infoField(info, field); v != value {
 				return fmt.Errorf("node %s: %s is %q, want %q", addr, field, v, value)
@@ -199,6 +227,25 @@ func (c *Cluster) ready() error {
 		if err != nil {
 			return fmt.Errorf("node %s: %w", addr, err)
 		}
+		if c.replicas > 0 {
+			slots, err := command(addr, timeout, "CLUSTER", "SLOTS")
+			if err != nil {
+				return fmt.Errorf("node %s: CLUSTER SLOTS: %w", addr, err)
+			}
+			ranges, _ := slots.([]any)
+			for _, r := range ranges {
+				if e, _ := r.([]any); len(e)-2 != 1+c.replicas {
+					return fmt.Errorf("node %s: CLUSTER SLOTS lists %d nodes for a slot range, want %d", addr, len(e)-2, 1+c.replicas)
+				}
+			}
+		}
+		if repl, err := commandString(addr, timeout, "INFO", "replication"); err != nil {
+			return fmt.Errorf("node %s: INFO replication: %w", addr, err)
+		} else if role, _ := infoField(repl, "role"); role == "slave" {
+			if link, _ := infoField(repl, "master_link_status"); link != "up" {
+				return fmt.Errorf("replica %s: master_link_status is %q, want up", addr, link)
+			}
+		}
 		if first == "" {
 			first = view
 		} else if view != first {
@@ -210,8 +257,9 @@ func (c *Cluster) ready() error {
 
 // slotMap parses the output of CLUSTER NODES and returns a canonical
 // description of which node serves which slots. It fails unless the output
-// lists exactly the nodes in want (sorted), all connected masters in good
-// health, that together serve every slot exactly once.
+// lists exactly the nodes in want (sorted), all connected and in good
+// health, whose masters together serve every slot exactly once; a replica
+// is described by the master it replicates.
 func slotMap(nodes string, want []string) (string, error) {
 	var addrs, lines []string
 	var covered [clusterSlots]bool
@@ -223,7 +271,8 @@ func slotMap(nodes string, want []string) (string, error) {
 		}
 		addr, _, _ := strings.Cut(f[1], "@")
 		flags := strings.Split(f[2], ",")
-		if !slices.Contains(flags, "master") {
+		replica := slices.Contains(flags, "slave")
+		if !replica && !slices.Contains(flags, "master") {
 			return "", fmt.Errorf("%s is not a master (flags %s)", addr, f[2])
 		}
 		for _, bad := range []string{"fail", "fail?", "handshake", "noaddr"} {
@@ -233,6 +282,11 @@ func slotMap(nodes string, want []string) (string, error) {
 		}
 		if f[7] != "connected" {
 			return "", fmt.Errorf("%s is %s", addr, f[7])
+		}
+		if replica {
+			addrs = append(addrs, addr)
+			lines = append(lines, addr+" "+f[0]+" replica of "+f[3])
+			continue
 		}
 		var ranges []string
 		for _, r := range f[8:] {

@@ -131,3 +131,39 @@ func TestSlotMap(t *testing.T) {
 		}
 	}
 }
+
+func TestClusterReplicas(t *testing.T) {
+	t.Parallel()
+	c := StartClusterReplicas(t, 3, 1)
+	if n := len(c.Servers()); n != 6 {
+		t.Fatalf("len(Servers()) = %d, want 6", n)
+	}
+	ctx := context.Background()
+	cc := c.Client(t)
+	slots, err := cc.ClusterSlots(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	masters := map[string]bool{}
+	for _, s := range slots {
+		if len(s.Nodes) != 2 {
+			nodes, _ := cc.ClusterNodes(ctx).Result()
+			t.Fatalf("slots %d-%d are served by %d nodes, want a master and a replica\n%v\n%s", s.Start, s.End, len(s.Nodes), slots, nodes)
+		}
+		masters[s.Nodes[0].Addr] = true
+	}
+	if len(masters) != 3 {
+		t.Fatalf("%d masters serve the slots, want 3", len(masters))
+	}
+	// A write reaches the replicas, which a ReadOnly client reads from.
+	if err := cc.Set(ctx, "foo", "bar", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := cc.Wait(ctx, 1, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	ro := c.Client(t, func(o *redis.ClusterOptions) { o.ReadOnly = true })
+	if got, err := ro.Get(ctx, "foo").Result(); err != nil || got != "bar" {
+		t.Fatalf("GET foo from a replica = %q, %v; want bar", got, err)
+	}
+}
