@@ -56,7 +56,7 @@ import (
 //     class.
 //
 // Memory. Classes are kept by a 64-bit maphash of their name, never the
-// name, so a class costs about 350 bytes whatever its length, and at most
+// name, so a class costs about 600 bytes whatever its length, and at most
 // MaxClasses are tracked (the least recently observed of a random sample
 // is evicted).
 
@@ -120,8 +120,9 @@ const (
 
 	// calibRecentTags is the number of rebuilds each class remembers, to
 	// count a rebuild once even when its entry in the table was
-	// overwritten.
-	calibRecentTags = 4
+	// overwritten: a class whose keys are read in turn counts each
+	// rebuild once while it has at most this many (256 bytes a class).
+	calibRecentTags = 32
 )
 
 // calibLoadDecay is the factor every sample of a class is multiplied by
@@ -168,7 +169,7 @@ type calibration struct {
 
 	// MaxClasses bounds the number of classes with their own statistics. It
 	// must not be negative; 0 means the default of 10000. A class costs
-	// about 350 bytes whatever the length of its name.
+	// about 600 bytes whatever the length of its name.
 	MaxClasses int
 }
 

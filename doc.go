@@ -57,8 +57,9 @@
 //  3. One caller's cancellation never fails another: the shared rebuild
 //     runs detached from every caller, under [Options.LoadTimeout].
 //  4. A loader's error or panic reaches every waiter, in every process, as
-//     an error wrapping [ErrLoadFailed] (a panic as a [*PanicError] with
-//     its stack), releases the lease at once and wakes the other processes
+//     an error wrapping [ErrLoadFailed] (a panic as a [*PanicError]: with
+//     its stack in the panicking process, with the reported text and
+//     Remote set in the others), releases the lease at once and wakes the other processes
 //     at once: by the wake-up message, or, for a follower that missed it
 //     (pub/sub down), by a short-lived failure marker it finds when it
 //     looks. Errors are not cached. [ErrNotFound] is cached as a negative

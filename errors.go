@@ -101,10 +101,17 @@ var (
 type PanicError struct {
 	Value any    // the value passed to panic
 	Stack []byte // the loader goroutine's stack at the panic
+	// Remote is set when the loader ran in another process: Value is then
+	// the text that process reported (its error text, cut to 1 KiB) and
+	// Stack is empty.
+	Remote bool
 }
 
 // Error returns the panic value and the stack.
 func (p *PanicError) Error() string {
+	if p.Remote {
+		return fmt.Sprintf("herd: loader panicked in another process: %v", p.Value)
+	}
 	return fmt.Sprintf("herd: loader panicked: %v\n\n%s", p.Value, p.Stack)
 }
 

@@ -288,7 +288,7 @@ type Options struct {
 	// them for the Observer, which never sees raw keys. It must return a
 	// small, bounded set of classes. Default: for calibration every key is
 	// its own class; for the Observer, "". Calibration keeps a class as a
-	// 64-bit hash of its name, about 350 bytes whatever the name's length,
+	// 64-bit hash of its name, about 600 bytes whatever the name's length,
 	// and at most 10,000 classes (then the least recently observed of a
 	// random sample of 5 is dropped).
 	KeyClass func(key string) string

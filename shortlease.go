@@ -49,6 +49,22 @@ type Locker struct {
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
+
+	callMu sync.Mutex     // guards closed against calls starting
+	closed bool           // Close began
+	calls  sync.WaitGroup // calls whose callers left (see leaveOnDone)
+}
+
+// track registers a call that may outlive its caller; it reports false
+// once Close began (the call then runs in its caller's goroutine).
+func (l *Locker) track() (done func(), ok bool) {
+	l.callMu.Lock()
+	defer l.callMu.Unlock()
+	if l.closed {
+		return nil, false
+	}
+	l.calls.Add(1)
+	return l.calls.Done, true
 }
 
 // NewLocker returns a Locker that keeps its leases in rdb, which may be a
@@ -72,6 +88,10 @@ func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
 // only with its lease. Close is idempotent.
 func (l *Locker) Close() error {
 	l.closeOnce.Do(func() { close(l.done) })
+	l.callMu.Lock()
+	l.closed = true
+	l.callMu.Unlock()
+	l.calls.Wait() // calls whose callers left: each ends with its reply, or the client's timeouts
 	return l.notify.close()
 }
 
@@ -104,7 +124,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 	if err != nil {
 		return nil, err
 	}
-	lease, _, err := l.try(ctx, key, keys, ttl)
+	lease, _, err := l.tryCtx(ctx, key, keys, ttl)
 	if errors.Is(err, ErrLeaseHeld) {
 		l.cfg.sig.lease(key, LeaseContended)
 	}
@@ -125,7 +145,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	if err != nil {
 		return nil, err
 	}
-	lease, pttl, err := l.try(ctx, key, keys, ttl)
+	lease, pttl, err := l.tryCtx(ctx, key, keys, ttl)
 	if lease != nil || !errors.Is(err, ErrLeaseHeld) {
 		return lease, err
 	}
@@ -173,7 +193,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 		case <-wake:
 		case <-poll.C:
 		}
-		lease, pttl, err = l.try(ctx, key, keys, ttl)
+		lease, pttl, err = l.tryCtx(ctx, key, keys, ttl)
 		if err != nil && ctx.Err() != nil {
 			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
 		}
@@ -205,6 +225,29 @@ func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
 // holder's remaining time (0 when unknown).
 func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*Lease, time.Duration, error) {
 	r, err := l.attempt(ctx, key, keys, ttl, "", nil, "")
+	return r.lease, r.pttl, err
+}
+
+// tryCtx is try for a caller that leaves as soon as ctx ends (see
+// leaveOnDone): a lease won after it left is released at once.
+func (l *Locker) tryCtx(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*Lease, time.Duration, error) {
+	type tried struct {
+		lease *Lease
+		pttl  time.Duration
+	}
+	r, err := leaveOnDone(ctx, l.track, func() (tried, error) {
+		lease, pttl, err := l.try(context.WithoutCancel(ctx), key, keys, ttl)
+		return tried{lease, pttl}, err
+	}, func(r tried, _ error) {
+		if r.lease != nil {
+			rctx, cancel := context.WithTimeout(context.Background(), ttl)
+			defer cancel()
+			_ = r.lease.Release(rctx)
+		}
+	})
+	if err != nil && ctx.Err() != nil && r.lease == nil && !errors.Is(err, ErrLeaseHeld) {
+		return nil, 0, fmt.Errorf("%w: acquire %q: %w", ErrLeaseHeld, key, err)
+	}
 	return r.lease, r.pttl, err
 }
 
@@ -369,7 +412,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkLeaseTTL(ttl); err != nil {
 		return err
 	}
-	return l.extend(ctx, ttl)
+	_, err := leaveOnDone(ctx, l.locker.track, func() (struct{}, error) {
+		return struct{}{}, l.extend(context.WithoutCancel(ctx), ttl)
+	}, nil)
+	return err
 }
 
 // extend is Extend without the range check, for the watchdog's capped
@@ -505,7 +551,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil // released before: the key may belong to someone else now
 	}
 	l.stopWatchdog()
-	ok, err := l.releaseWith(ctx, msgReleased)
+	ok, err := leaveOnDone(ctx, l.locker.track, func() (int, error) {
+		return l.releaseWith(context.WithoutCancel(ctx), msgReleased)
+	}, nil)
 	if err != nil {
 		return fmt.Errorf("herd: release lease %q: %w", l.key, err)
 	}

@@ -552,6 +552,10 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 		case failNotShared:
 			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, text), true
 		}
+		if kind == failPanic {
+			pe := &PanicError{Value: text, Remote: true}
+			return nil, fmt.Errorf("%w: %q: the rebuilding process reported: %w", ErrLoadFailed, f.key, pe), true
+		}
 		return nil, fmt.Errorf("%w: %q: the rebuilding process reported: %s", ErrLoadFailed, f.key, text), true
 	}
 	return nil, nil, false
