@@ -90,7 +90,8 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 	}
 	cfg := opt.resolve()
 	locker := NewLocker(rdb, &LockerOptions{Prefix: cfg.Prefix, PollMin: cfg.PollMin, PollMax: cfg.PollMax,
-		Observer: cfg.Observer, KeyClass: cfg.classLabel, Logger: cfg.Logger})
+		Observer: cfg.Observer, KeyClass: cfg.classLabel, Logger: cfg.Logger,
+		ReplicaAcks: cfg.ReplicaAcks, ReplicaTimeout: cfg.ReplicaTimeout})
 	c := &Cache{
 		rdb:    rdb,
 		cfg:    cfg,
@@ -218,9 +219,12 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 	}
 	ttl = c.jitter(ttl)
 	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).encode()
-	err = setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence},
+	cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, setScript, []string{keys.value, keys.fence},
 		env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes).Err()
+		c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes)
+	if err = cmd.Err(); err == nil {
+		err = werr
+	}
 	if err != nil {
 		return fmt.Errorf("herd: set %q: %w", key, err)
 	}
@@ -236,8 +240,11 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	err = invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence},
-		c.fenceTTL(time.Hour).Milliseconds()).Err()
+	cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence},
+		c.fenceTTL(time.Hour).Milliseconds())
+	if err = cmd.Err(); err == nil {
+		err = werr
+	}
 	if err != nil {
 		return fmt.Errorf("herd: invalidate %q: %w", key, err)
 	}

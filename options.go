@@ -47,6 +47,35 @@ type LockerOptions struct {
 	// keys. It is raised to at least twice the lease length on every
 	// acquire and extend. Default: 24h.
 	FenceTTL time.Duration
+
+	// Replica wait (failover safety). After every script that advances a
+	// key's fence (a lease acquire, a rebuild's commit, Set, Invalidate)
+	// and after a lease extend, herd sends WAIT on the same connection, in
+	// the same round trip, and counts the write as done only when
+	// ReplicaAcks replicas acknowledged it within ReplicaTimeout. A
+	// failover then promotes a replica that has the write (Sentinel
+	// prefers the most up-to-date replica), so no fencing token is issued
+	// twice and no acknowledged write is undone.
+	//
+	// ReplicaAcks 0 (the default) waits for one replica once the master
+	// has been seen with a replica (herd asks ROLE about once a second, in
+	// the same pipeline) and does not wait on a master that never had
+	// one. The count is not forgotten: a master whose replicas left it (a
+	// deposed master during a failover, a master whose replicas all died)
+	// refuses writes with [ErrNotReplicated] until one is back. A positive
+	// ReplicaAcks waits for that many replicas always; -1 never waits (the
+	// behaviour before replica waits: fast, unsafe across failover).
+	// ReplicaTimeout bounds each WAIT. Default: 250ms.
+	//
+	// When too few replicas acknowledge: an acquire returns an error
+	// wrapping [ErrNotReplicated] and hands out no lease (fail-closed; the
+	// lease is released on a best-effort basis); an extend returns it and
+	// leaves the lease's validity where it was; Set and Invalidate return
+	// it (the write may or may not survive a failover: retry); a Cache
+	// miss treats it as a Redis error (fail-open to a local load, or
+	// [ErrUnavailable] with FailClosed) and a commit as a failed commit.
+	ReplicaAcks    int
+	ReplicaTimeout time.Duration
 }
 
 // lockerConfig is LockerOptions with every default applied.
@@ -56,6 +85,7 @@ type lockerConfig struct {
 	maxWait          time.Duration // 0: 3 × ttl
 	pollMin, pollMax time.Duration
 	fenceTTL         time.Duration
+	repl             *replicaWait
 }
 
 func (o *LockerOptions) resolve() lockerConfig {
@@ -94,7 +124,26 @@ func (o *LockerOptions) resolve() lockerConfig {
 		c.fenceTTL = 24 * time.Hour
 	}
 	c.sig = newSignals(in.Observer, in.KeyClass, in.Logger)
+	c.repl = resolveReplicaWait("LockerOptions", in.ReplicaAcks, in.ReplicaTimeout)
 	return c
+}
+
+// resolveReplicaWait validates the replica wait options (kept apart from
+// the other options' validation).
+func resolveReplicaWait(owner string, acks int, timeout time.Duration) *replicaWait {
+	if acks < -1 {
+		panic(fmt.Sprintf("herd: %s.ReplicaAcks is %d (must be -1, 0 or a number of replicas)", owner, acks))
+	}
+	if timeout < 0 {
+		panic(fmt.Sprintf("herd: %s.ReplicaTimeout is negative (%v)", owner, timeout))
+	}
+	if timeout == 0 {
+		timeout = defaultReplicaTimeout
+	}
+	if timeout < time.Millisecond {
+		panic(fmt.Sprintf("herd: %s.ReplicaTimeout %v is below the millisecond WAIT counts in", owner, timeout))
+	}
+	return newReplicaWait(acks, timeout)
 }
 
 // checkTTL rejects lease lengths and TTLs Redis cannot represent.
@@ -240,6 +289,13 @@ type Options struct {
 	// corrupt value, a failed refresh), rate-limited to one line per
 	// second per kind. Default: silent.
 	Logger *slog.Logger
+
+	// ReplicaAcks and ReplicaTimeout: the replica wait after every write
+	// that advances a fence, as in [LockerOptions.ReplicaAcks]. Defaults:
+	// auto (one replica once the master has been seen with one) and
+	// 250ms.
+	ReplicaAcks    int
+	ReplicaTimeout time.Duration
 }
 
 // cacheConfig is Options with every default applied.
@@ -316,6 +372,7 @@ func (o *Options) resolve() cacheConfig {
 	if c.KeyClass == nil {
 		c.KeyClass = func(key string) string { return key }
 	}
+	resolveReplicaWait("Options", c.ReplicaAcks, c.ReplicaTimeout) // validates
 	c.calib = calibration{Factor: c.LeaseFactor, Min: c.MinLease, Max: c.MaxLease, Default: c.DefaultLease}
 	newCalibrator(c.calib) // panics on an invalid combination
 	return c

@@ -205,7 +205,8 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 		names = append(names, keys.value, keys.backoff, keys.failed)
 		args = append(args, mode, seen, awaited)
 	}
-	res, err := acquireScript.Run(ctx, l.rdb, names, args...).Slice()
+	cmd, werr := l.cfg.repl.run(ctx, l.rdb, keys.fence, acquireScript, names, args...)
+	res, err := cmd.Slice()
 	if err != nil {
 		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, err)
 	}
@@ -232,6 +233,16 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 	token, err := strconv.ParseUint(val, 10, 64)
 	if err != nil {
 		return attempted{}, fmt.Errorf("herd: acquire lease %q: bad fence %q", key, val)
+	}
+	if werr != nil {
+		// The master took the lease but too few replicas have it: a
+		// failover could hand the same lease, and the same token, to
+		// someone else. Fail closed, and give the lease back at once.
+		gone := &Lease{locker: l, keys: keys, value: owner + ":" + val}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.repl.timeout)
+		_, _ = gone.releaseWith(rctx, msgReleased)
+		cancel()
+		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, werr)
 	}
 	lease := &Lease{
 		locker:   l,
@@ -336,8 +347,12 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
 	}
 	start := time.Now()
-	ok, err := extendScript.Run(ctx, l.locker.rdb, []string{l.keys.lease, l.keys.fence},
-		l.value, ttl.Milliseconds(), l.locker.fenceTTL(ttl).Milliseconds()).Int()
+	cmd, werr := l.locker.cfg.repl.run(ctx, l.locker.rdb, l.keys.fence, extendScript, []string{l.keys.lease, l.keys.fence},
+		l.value, ttl.Milliseconds(), l.locker.fenceTTL(ttl).Milliseconds())
+	ok, err := cmd.Int()
+	if err == nil && ok == 1 && werr != nil {
+		err = werr // renewed on the master only: a failover would not know it
+	}
 	if err != nil {
 		l.locker.cfg.sig.lease(l.key, LeaseExtendFailed)
 		return fmt.Errorf("herd: extend lease %q: %w", l.key, err)

@@ -293,9 +293,13 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope) {
 	if len(b) <= c.cfg.NotifyMaxBytes {
 		msg = string(msgValue) + string(b)
 	}
-	ok, err := commitScript.Run(c.ctx, c.rdb, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
+	cmd, werr := c.locker.cfg.repl.run(c.ctx, c.rdb, f.keys.fence, commitScript, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
-		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased).Int()
+		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased)
+	ok, err := cmd.Int()
+	if err == nil && ok == 1 && werr != nil {
+		err = werr // stored on the master only: a failover may lose it
+	}
 	switch {
 	case err != nil:
 		c.stats.commitErrors.Add(1)

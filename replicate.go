@@ -1,0 +1,179 @@
+package herd
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Replica wait defaults.
+const (
+	// defaultReplicaTimeout bounds one WAIT for the replicas.
+	defaultReplicaTimeout = 250 * time.Millisecond
+	// roleEvery is how often the master's replicas are counted again (a
+	// ROLE added to the pipeline of a script that is running anyway).
+	roleEvery = time.Second
+)
+
+// replicaWait runs the scripts that advance a fence (ACQUIRE, COMMIT, SET,
+// INVALIDATE) and EXTEND followed by a WAIT for the replicas, pipelined on
+// the same connection, so that a write the caller is told about has reached
+// the replicas a failover would promote.
+//
+// In auto mode (acks 0) it waits for one replica once it has seen the
+// master with a replica: the count is learned from ROLE, sent in the same
+// pipeline about once a second, and never forgotten, so a deposed master
+// whose replicas left it refuses writes instead of acknowledging them.
+type replicaWait struct {
+	acks    int // <0 never wait, 0 auto, >0 that many replicas
+	timeout time.Duration
+
+	mu    sync.Mutex
+	nodes map[string]*nodeReplicas // by master address; "" for non-cluster clients
+}
+
+// nodeReplicas is what is known of one master's replicas.
+type nodeReplicas struct {
+	known   atomic.Bool  // a ROLE has answered
+	seen    atomic.Int64 // the most replicas ever seen attached
+	checked atomic.Int64 // unix nanoseconds of the last ROLE sent
+}
+
+func newReplicaWait(acks int, timeout time.Duration) *replicaWait {
+	return &replicaWait{acks: acks, timeout: timeout, nodes: make(map[string]*nodeReplicas)}
+}
+
+func (w *replicaWait) node(addr string) *nodeReplicas {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.nodes[addr]
+	if n == nil {
+		n = &nodeReplicas{}
+		w.nodes[addr] = n
+	}
+	return n
+}
+
+// need is the number of replicas a write must reach on node n.
+func (w *replicaWait) need(n *nodeReplicas) int {
+	switch {
+	case w.acks < 0:
+		return 0
+	case w.acks > 0:
+		return w.acks
+	case n.seen.Load() > 0:
+		return 1
+	}
+	return 0
+}
+
+// learn records a ROLE reply.
+func (n *nodeReplicas) learn(cmd *redis.Cmd) {
+	v, err := cmd.Slice()
+	if err != nil || len(v) < 3 {
+		return
+	}
+	if role, _ := v[0].(string); role != "master" {
+		return
+	}
+	reps, _ := v[2].([]any)
+	for c := int64(len(reps)); ; {
+		old := n.seen.Load()
+		if c <= old || n.seen.CompareAndSwap(old, c) {
+			break
+		}
+	}
+}
+
+// pipeliner is what a pipeline runs on: a client for one master.
+type pipeliner interface {
+	Pipeline() redis.Pipeliner
+}
+
+// run runs s with keys and args on rdb and then, in the same pipeline, the
+// WAIT. route is a key of the script, which picks the master of a
+// Cluster. The first result is the script's command (check its Err); the
+// second is an error wrapping [ErrNotReplicated] when the script ran but
+// too few replicas acknowledged within the timeout, or the WAIT's own
+// error. Callers ignore the second when the script wrote nothing.
+func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route string, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
+	if w.acks < 0 {
+		return s.Run(ctx, rdb, keys, args...), nil
+	}
+	var target pipeliner = rdb
+	addr := ""
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, route)
+		if err != nil {
+			cmd := redis.NewCmd(ctx)
+			cmd.SetErr(err)
+			return cmd, nil
+		}
+		target, addr = node, node.Options().Addr
+	}
+	n := w.node(addr)
+	if !n.known.Load() && w.acks == 0 {
+		// Learn the replicas before the first write: without it, the
+		// first writes after start would not wait.
+		role := redis.NewCmd(ctx, "ROLE")
+		pipe := target.Pipeline()
+		_ = pipe.Process(ctx, role)
+		_, _ = pipe.Exec(ctx)
+		n.learn(role)
+		if err := role.Err(); err == nil || !isInfraError(err) {
+			n.known.Store(true) // a ROLE refused (ACL) is not asked again
+		}
+		n.checked.Store(time.Now().UnixNano())
+	}
+	need := w.need(n)
+	due := false
+	if now := time.Now().UnixNano(); now-n.checked.Load() > int64(roleEvery) {
+		due = true
+		n.checked.Store(now)
+	}
+	for attempt := 0; ; attempt++ {
+		pipe := target.Pipeline()
+		var cmd *redis.Cmd
+		if attempt == 0 {
+			cmd = s.EvalSha(ctx, pipe, keys, args...)
+		} else {
+			cmd = s.Eval(ctx, pipe, keys, args...)
+		}
+		var wait *redis.IntCmd
+		if need > 0 {
+			wait = redis.NewIntCmd(ctx, "WAIT", need, w.timeout.Milliseconds())
+			_ = pipe.Process(ctx, wait)
+		}
+		var role *redis.Cmd
+		if due {
+			role = redis.NewCmd(ctx, "ROLE")
+			_ = pipe.Process(ctx, role)
+		}
+		_, _ = pipe.Exec(ctx)
+		if attempt == 0 && isNoScript(cmd.Err()) {
+			continue // the server does not have the script yet: send it
+		}
+		if role != nil {
+			n.learn(role)
+		}
+		if cmd.Err() != nil || wait == nil {
+			return cmd, nil
+		}
+		if err := wait.Err(); err != nil {
+			return cmd, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
+		}
+		if got := wait.Val(); got < int64(need) {
+			return cmd, fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, got, need, w.timeout)
+		}
+		return cmd, nil
+	}
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
