@@ -58,11 +58,14 @@ type LockerOptions struct {
 	// twice and no acknowledged write is undone.
 	//
 	// ReplicaAcks 0 (the default) waits for one replica once the master
-	// has been seen with a replica (herd asks ROLE about once a second, in
-	// the same pipeline) and does not wait on a master that never had
-	// one. The count is not forgotten: a master whose replicas left it (a
-	// deposed master during a failover, a master whose replicas all died)
-	// refuses writes with [ErrNotReplicated] until one is back. A positive
+	// has been seen with a replica (herd reads INFO replication about once
+	// a second, in the same pipeline as a write) and does not wait on a
+	// master that never had one. A master counts as having had one while
+	// its replication backlog is active (repl-backlog-ttl, default 1h,
+	// after its last replica left), and a process does not forget a
+	// replica it saw: a master whose replicas left it (a deposed master
+	// during a failover, a master whose replicas all died) refuses writes
+	// with [ErrNotReplicated] until one is back. A positive
 	// ReplicaAcks waits for that many replicas always; -1 never waits (the
 	// behaviour before replica waits: fast, unsafe across failover).
 	// ReplicaTimeout bounds each WAIT. Default: 250ms.
@@ -292,7 +295,7 @@ type Options struct {
 
 	// ReplicaAcks and ReplicaTimeout: the replica wait after every write
 	// that advances a fence, as in [LockerOptions.ReplicaAcks]. Defaults:
-	// auto (one replica once the master has been seen with one) and
+	// auto (one replica once the master has had one) and
 	// 250ms.
 	ReplicaAcks    int
 	ReplicaTimeout time.Duration

@@ -3,6 +3,7 @@ package herd
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,8 +16,8 @@ import (
 const (
 	// defaultReplicaTimeout bounds one WAIT for the replicas.
 	defaultReplicaTimeout = 250 * time.Millisecond
-	// roleEvery is how often the master's replicas are counted again (a
-	// ROLE added to the pipeline of a script that is running anyway).
+	// roleEvery is how often the master's replicas are counted again (an
+	// INFO replication added to the pipeline of a script that is running anyway).
 	roleEvery = time.Second
 )
 
@@ -26,9 +27,10 @@ const (
 // the replicas a failover would promote.
 //
 // In auto mode (acks 0) it waits for one replica once it has seen the
-// master with a replica: the count is learned from ROLE, sent in the same
-// pipeline about once a second, and never forgotten, so a deposed master
-// whose replicas left it refuses writes instead of acknowledging them.
+// master with a replica: the count is learned from INFO replication, sent
+// in the same pipeline about once a second, and never forgotten, so a
+// deposed master whose replicas left it refuses writes instead of
+// acknowledging them.
 type replicaWait struct {
 	acks    int // <0 never wait, 0 auto, >0 that many replicas
 	timeout time.Duration
@@ -39,9 +41,9 @@ type replicaWait struct {
 
 // nodeReplicas is what is known of one master's replicas.
 type nodeReplicas struct {
-	known   atomic.Bool  // a ROLE has answered
+	known   atomic.Bool  // an INFO has answered
 	seen    atomic.Int64 // the most replicas ever seen attached
-	checked atomic.Int64 // unix nanoseconds of the last ROLE sent
+	checked atomic.Int64 // unix nanoseconds of the last INFO sent
 }
 
 func newReplicaWait(acks int, timeout time.Duration) *replicaWait {
@@ -72,22 +74,40 @@ func (w *replicaWait) need(n *nodeReplicas) int {
 	return 0
 }
 
-// learn records a ROLE reply.
-func (n *nodeReplicas) learn(cmd *redis.Cmd) {
-	v, err := cmd.Slice()
-	if err != nil || len(v) < 3 {
+// learn records an INFO replication reply. A master counts as having had
+// a replica when one is attached or its replication backlog is active:
+// Redis creates the backlog when the first replica attaches and frees it
+// only repl-backlog-ttl (default 1h) after the last one left, so a deposed
+// master whose replicas just moved to the new master is caught by a
+// process that never saw them attached.
+func (n *nodeReplicas) learn(cmd *redis.StringCmd) {
+	info, err := cmd.Result()
+	if err != nil {
 		return
 	}
-	if role, _ := v[0].(string); role != "master" {
+	if infoValue(info, "role") != "master" {
 		return
 	}
-	reps, _ := v[2].([]any)
-	for c := int64(len(reps)); ; {
+	c, _ := strconv.ParseInt(infoValue(info, "connected_slaves"), 10, 64)
+	if c == 0 && infoValue(info, "repl_backlog_active") == "1" {
+		c = 1
+	}
+	for {
 		old := n.seen.Load()
 		if c <= old || n.seen.CompareAndSwap(old, c) {
 			break
 		}
 	}
+}
+
+// infoValue returns field's value in an INFO reply ("" when absent).
+func infoValue(info, field string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && k == field {
+			return v
+		}
+	}
+	return ""
 }
 
 // pipeliner is what a pipeline runs on: a client for one master.
@@ -120,13 +140,13 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 	if !n.known.Load() && w.acks == 0 {
 		// Learn the replicas before the first write: without it, the
 		// first writes after start would not wait.
-		role := redis.NewCmd(ctx, "ROLE")
+		role := newReplicationInfo(ctx)
 		pipe := target.Pipeline()
 		_ = pipe.Process(ctx, role)
 		_, _ = pipe.Exec(ctx)
 		n.learn(role)
 		if err := role.Err(); err == nil || !isInfraError(err) {
-			n.known.Store(true) // a ROLE refused (ACL) is not asked again
+			n.known.Store(true) // a INFO refused (ACL) is not asked again
 		}
 		n.checked.Store(time.Now().UnixNano())
 	}
@@ -149,9 +169,9 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 			wait = redis.NewIntCmd(ctx, "WAIT", need, w.timeout.Milliseconds())
 			_ = pipe.Process(ctx, wait)
 		}
-		var role *redis.Cmd
+		var role *redis.StringCmd
 		if due {
-			role = redis.NewCmd(ctx, "ROLE")
+			role = newReplicationInfo(ctx)
 			_ = pipe.Process(ctx, role)
 		}
 		_, _ = pipe.Exec(ctx)
@@ -172,6 +192,10 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 		}
 		return cmd, nil
 	}
+}
+
+func newReplicationInfo(ctx context.Context) *redis.StringCmd {
+	return redis.NewStringCmd(ctx, "INFO", "replication")
 }
 
 func isNoScript(err error) bool {
