@@ -278,10 +278,13 @@ func TestFailoverSoak(t *testing.T) {
 	}
 	t.Run("replica wait", func(t *testing.T) {
 		c := runFailoverSoak(t, n, 0)
-		for name, v := range map[string]int{"duplicate tokens": c.DuplicateTokens,
+		for name, v := range map[string]int{
+			"duplicate tokens": c.DuplicateTokens,
 			"downstream writes of two leases with one token": c.SharedDownstreamTokens,
-			"acknowledged writes undone": c.Undone, "stale reads outside failovers": c.StaleReadsOutside,
-			"undocumented errors": c.Undocumented} {
+			"acknowledged writes undone":                     c.Undone,
+			"stale reads outside failovers":                  c.StaleReadsOutside,
+			"undocumented errors":                            c.Undocumented,
+		} {
 			if v != 0 {
 				t.Errorf("%s: %d", name, v)
 			}

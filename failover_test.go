@@ -26,7 +26,7 @@ type replicated struct {
 	m, r, o                *redis.Client // plain clients of each
 }
 
-func startReplicated(t *testing.T) *replicated {
+func startReplicated(t testing.TB) *replicated {
 	t.Helper()
 	p := &replicated{master: redistest.Start(t), replica: redistest.Start(t), other: redistest.Start(t)}
 	p.m, p.r, p.o = p.master.Client(t), p.replica.Client(t), p.other.Client(t)
@@ -39,7 +39,7 @@ func startReplicated(t *testing.T) *replicated {
 	return p
 }
 
-func follow(t *testing.T, c *redis.Client, m *redistest.Server) {
+func follow(t testing.TB, c *redis.Client, m *redistest.Server) {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(m.Addr())
 	if err := c.ReplicaOf(context.Background(), host, port).Err(); err != nil {
