@@ -205,7 +205,9 @@ func Fetch[T any](ctx context.Context, c *Cache, key string, ttl time.Duration, 
 // Set stores val under key for ttl, in one round trip. It advances the
 // key's fence first, so a rebuild that started before Set can never
 // overwrite val, and wakes callers waiting on the key. Errors: those of
-// Get's arguments, [ErrValueTooLarge], or the wrapped Redis error.
+// Get's arguments, [ErrValueTooLarge], [ErrNotReplicated] (the master
+// stored it, too few replicas acknowledged: it may be lost by a failover),
+// or the wrapped Redis error.
 func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
 	if err := checkTTL(ttl); err != nil {
 		return err
@@ -234,7 +236,8 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 // Invalidate deletes key's value and advances its fence, in one round
 // trip: a rebuild in flight when Invalidate runs cannot write its value
 // afterwards (the stale-set race that memcache leases close); the next Get
-// loads again. Errors: [ErrInvalidKey] or the wrapped Redis error.
+// loads again. Errors: [ErrInvalidKey], [ErrNotReplicated] (as for Set)
+// or the wrapped Redis error.
 func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	keys, err := makeKeys(c.cfg.Prefix, key)
 	if err != nil {

@@ -233,3 +233,53 @@ func TestFailoverInvalidateNotUndone(t *testing.T) {
 		})
 	}
 }
+
+// TestReplicaWaitOptions: a fixed ReplicaAcks on a master without
+// replicas fails closed with ErrNotReplicated (writes, acquire, extend);
+// ReplicaAcks -1 never waits; the auto default does not wait on a master
+// that never had a replica; invalid values panic at New.
+func TestReplicaWaitOptions(t *testing.T) {
+	ctx := context.Background()
+	rdb := redistest.Start(t).Client(t)
+	strict := New(rdb, &Options{ReplicaAcks: 1, ReplicaTimeout: 20 * time.Millisecond})
+	defer strict.Close()
+	if err := strict.Set(ctx, "k", []byte("v"), time.Minute); !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("Set with ReplicaAcks 1 and no replica = %v, want ErrNotReplicated", err)
+	}
+	if err := strict.Invalidate(ctx, "k"); !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("Invalidate with ReplicaAcks 1 and no replica = %v, want ErrNotReplicated", err)
+	}
+	sl := NewLocker(rdb, &LockerOptions{ReplicaAcks: 1, ReplicaTimeout: 20 * time.Millisecond})
+	defer sl.Close()
+	if l, err := sl.TryAcquire(ctx, "lk", time.Second); !errors.Is(err, ErrNotReplicated) || l != nil {
+		t.Errorf("TryAcquire with ReplicaAcks 1 and no replica = %v, %v; want no lease and ErrNotReplicated", l, err)
+	}
+	// The refused acquire gave its lease back: a locker that does not wait
+	// gets it at once.
+	for _, acks := range []int{0, -1} {
+		l := NewLocker(rdb, &LockerOptions{ReplicaAcks: acks})
+		lease, err := l.TryAcquire(ctx, "lk", time.Second)
+		if err != nil {
+			t.Fatalf("TryAcquire with ReplicaAcks %d on a master without replicas: %v", acks, err)
+		}
+		lease.locker = sl // extend through the strict locker's options
+		if err := lease.Extend(ctx, time.Second); !errors.Is(err, ErrNotReplicated) {
+			t.Errorf("Extend with ReplicaAcks 1 and no replica = %v, want ErrNotReplicated", err)
+		}
+		lease.locker = l
+		if err := lease.Release(ctx); err != nil {
+			t.Errorf("Release: %v", err)
+		}
+		l.Close()
+	}
+	for _, opt := range []*Options{{ReplicaAcks: -2}, {ReplicaTimeout: -time.Second}, {ReplicaTimeout: time.Microsecond}} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("New(%+v) did not panic", opt)
+				}
+			}()
+			New(rdb, opt).Close()
+		}()
+	}
+}

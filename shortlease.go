@@ -72,6 +72,10 @@ func (l *Locker) Close() error {
 // The lease ends after ttl unless extended ([Lease.Extend],
 // [Lease.KeepAlive]); release it with [Lease.Release] when done.
 //
+// On a master that has had replicas, the lease is handed out only once a
+// replica acknowledged it ([LockerOptions.ReplicaAcks]); otherwise
+// TryAcquire returns an error wrapping [ErrNotReplicated] (fail-closed).
+//
 // TryAcquire is safe under client retries: if go-redis re-sends the
 // command because the reply was lost after the server ran it, the retry
 // recognises the lease as this caller's and reports it acquired.
@@ -303,8 +307,9 @@ type watchdog struct {
 }
 
 // Token returns the lease's fencing token. Tokens of one key strictly
-// increase from one lease to the next, across processes, counter expiry
-// and Redis restarts (the counter is seeded from the Redis clock). Pass it
+// increase from one lease to the next, across processes, counter expiry,
+// Redis restarts and failovers (each token is at least the Redis clock in
+// microseconds, and the acquire waited for a replica). Pass it
 // to the protected resource, which must reject a token lower than the
 // highest it has seen ([FencedStore] does that for a Redis key).
 func (l *Lease) Token() uint64 { return l.token }
@@ -330,9 +335,10 @@ func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Extend sets the lease's remaining time to ttl, if it is still this
 // owner's. It returns an error wrapping [ErrLeaseLost] when it is not, or
-// once the lease is known lost or released; a Redis error is returned
-// wrapped and leaves the lease as it was (Lost closes when its validity
-// runs out).
+// once the lease is known lost or released; a Redis error, or
+// [ErrNotReplicated] when too few replicas acknowledged the renewal, is
+// returned wrapped and leaves the lease's local validity as it was (Lost
+// closes when it runs out).
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrLeaseLost
