@@ -24,13 +24,15 @@ package herd
 // stale reads, see below):
 //
 //  1. duplicate tokens: two successful acquisitions of a key with one
-//     token;
+//     token; and two holders at once: two leases of a key whose holding
+//     (from the acquire to the lease's local validity or its release)
+//     overlaps;
 //  2. downstream: two different leases whose writes the FencedStore
 //     accepted with the same token (tokens not strictly increasing across
 //     holders as the downstream saw them);
 //  3. undone writes: after each failover settles, a cache key on the new
 //     master holds a version below the last Set or Invalidate acknowledged
-//     before that failover began;
+//     so far (those acknowledged by the deposed master included);
 //  4. stale reads: a Get that started after an acknowledged write of
 //     version v and returned a version below v (unless it may have joined
 //     an older flight of its process). Reads served by a deposed master
@@ -88,7 +90,8 @@ type foRecord struct {
 	End   int64
 	Ver   int64  // get: version returned; set/inval: version written
 	Tok   uint64 // lease, write
-	Lease string // lease, write: the lease's id (proc/seq)
+	Lease string // lease, write, release: the lease's id (proc/seq)
+	Valid int64  // lease: its local validity (Lease.Deadline)
 	OK    bool   // the operation succeeded (write: accepted)
 	Err   string // error class, "" when none
 	Msg   string // error text
@@ -101,6 +104,8 @@ func foErrClass(err error) string {
 		return ""
 	case errors.Is(err, ErrNotReplicated):
 		return "ErrNotReplicated"
+	case errors.Is(err, ErrLeaseLost):
+		return "ErrLeaseLost"
 	case errors.Is(err, ErrLeaseHeld):
 		return "ErrLeaseHeld"
 	case errors.Is(err, ErrFenced):
@@ -170,8 +175,12 @@ func failoverWorker(ctx context.Context, _ string) error {
 				next++
 				id := fmt.Sprintf("%d/%d", proc, next)
 				seq.Unlock()
+				var valid int64
+				if l != nil {
+					valid = l.Deadline().UnixNano()
+				}
 				record(foRecord{Kind: "lease", Key: key, Start: start.UnixNano(), End: time.Now().UnixNano(),
-					Tok: l.tokenOrZero(), Lease: id, OK: err == nil, Err: foErrClass(err), Msg: errText(err)})
+					Tok: l.tokenOrZero(), Lease: id, Valid: valid, OK: err == nil, Err: foErrClass(err), Msg: errText(err)})
 				if err != nil {
 					time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
 					continue
@@ -189,7 +198,10 @@ func failoverWorker(ctx context.Context, _ string) error {
 				}
 				time.Sleep(hold)
 				write()
-				_ = l.Release(ctx)
+				rs := time.Now()
+				err = l.Release(ctx)
+				record(foRecord{Kind: "release", Key: key, Start: rs.UnixNano(), End: time.Now().UnixNano(),
+					Tok: l.Token(), Lease: id, OK: err == nil, Err: foErrClass(err), Msg: errText(err)})
 			}
 		})
 	}
@@ -262,6 +274,7 @@ type foCounts struct {
 	Leases, Writes, Accepted int
 	AckedWrites              int
 	DuplicateTokens          int // check 1
+	OverlappingHolders       int // check 1b: two leases of a key valid at once
 	SharedDownstreamTokens   int // check 2
 	Undone                   int // check 3
 	StaleReads               int // check 4, all
@@ -279,7 +292,8 @@ func TestFailoverSoak(t *testing.T) {
 	t.Run("replica wait", func(t *testing.T) {
 		c := runFailoverSoak(t, n, 0)
 		for name, v := range map[string]int{
-			"duplicate tokens": c.DuplicateTokens,
+			"duplicate tokens":                               c.DuplicateTokens,
+			"two holders at once":                            c.OverlappingHolders,
 			"downstream writes of two leases with one token": c.SharedDownstreamTokens,
 			"acknowledged writes undone":                     c.Undone,
 			"stale reads outside failovers":                  c.StaleReadsOutside,
@@ -320,10 +334,6 @@ func runFailoverSoak(t *testing.T, failovers, acks int) foCounts {
 	var windows []foWindow
 	time.Sleep(2 * time.Second) // the workers start
 	for i := range failovers {
-		acked, err := srcc.HGetAll(ctx, "acked").Result()
-		if err != nil {
-			t.Fatalf("HGETALL acked: %v", err)
-		}
 		start := time.Now()
 		kind := []string{"SENTINEL FAILOVER", "kill -9", "SIGSTOP"}[i%3]
 		switch i % 3 {
@@ -336,6 +346,12 @@ func runFailoverSoak(t *testing.T, failovers, acks int) foCounts {
 		}
 		s.WaitSettled(t)
 		windows = append(windows, foWindow{start.UnixNano(), time.Now().Add(2 * time.Second).UnixNano()})
+		// Every write acknowledged so far, the deposed master's during the
+		// failover included, must be on the settled master.
+		acked, err := srcc.HGetAll(ctx, "acked").Result()
+		if err != nil {
+			t.Fatalf("HGETALL acked: %v", err)
+		}
 		undone += checkUndone(t, s.Master(t), acked)
 		t.Logf("failover %d (%s): settled after %v", i+1, kind, time.Since(start).Round(time.Millisecond))
 		time.Sleep(2 * time.Second) // load on a settled set
@@ -351,7 +367,7 @@ func runFailoverSoak(t *testing.T, failovers, acks int) foCounts {
 }
 
 // checkUndone counts the cache keys whose value on the settled master is
-// older than the last write acknowledged before the failover began.
+// older than the last write acknowledged before (acked was read first).
 func checkUndone(t *testing.T, m *redistest.Server, acked map[string]string) int {
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	defer c.Close()
@@ -398,7 +414,7 @@ func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWin
 	var gets []foRecord
 	var writes []foRecord
 	for _, r := range recs {
-		if r.Err != "" && r.Err != "ErrLeaseHeld" && r.Err != "ErrFenced" {
+		if r.Err != "" && r.Err != "ErrLeaseHeld" && r.Err != "ErrFenced" && r.Err != "ErrLeaseLost" {
 			c.Errors[r.Kind+": "+r.Err]++
 		}
 		if r.Err == "undocumented" {
@@ -452,36 +468,78 @@ func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWin
 		}
 		return false
 	}
-	sort.Slice(gets, func(i, j int) bool { return gets[i].Start < gets[j].Start })
-	for _, g := range gets {
-		stale := false
-		var wEnd int64
-		for _, w := range writes {
-			if w.Key == g.Key && w.End < g.Start && g.Ver < w.Ver && !joinedOlder(gets, g, w.End) {
-				stale, wEnd = true, w.End
-				break
-			}
+	// Mutual exclusion: a lease is held from its acquire's start until
+	// its local validity or its release's start, whichever is first.
+	released := map[string]int64{}
+	for _, r := range recs {
+		if r.Kind == "release" {
+			released[r.Lease] = r.Start
 		}
-		if stale {
-			c.StaleReads++
-			if !inWindow(wEnd, g.End) {
-				c.StaleReadsOutside++
-				t.Logf("stale read outside a failover: %+v", g)
+	}
+	held := map[string][]foWindow{}
+	for _, r := range recs {
+		if r.Kind == "lease" && r.OK {
+			end := r.Valid
+			if rel, ok := released[r.Lease]; ok && rel < end {
+				end = rel
 			}
+			held[r.Key] = append(held[r.Key], foWindow{r.End, end})
+		}
+	}
+	for _, hs := range held {
+		sort.Slice(hs, func(i, j int) bool { return hs[i].start < hs[j].start })
+		maxEnd := int64(0)
+		for _, h := range hs {
+			if h.start < maxEnd {
+				c.OverlappingHolders++
+			}
+			maxEnd = max(maxEnd, h.end)
+		}
+	}
+
+	// Per key, the acknowledged writes by end time with the running
+	// highest version; per key and process, the Gets by start time.
+	sort.Slice(writes, func(i, j int) bool { return writes[i].End < writes[j].End })
+	byKey := map[string][]foRecord{}
+	for _, w := range writes {
+		ws := byKey[w.Key]
+		if n := len(ws); n > 0 && ws[n-1].Ver > w.Ver {
+			w.Ver = ws[n-1].Ver // keep the highest so far, with this end time
+		}
+		byKey[w.Key] = append(ws, w)
+	}
+	sort.Slice(gets, func(i, j int) bool { return gets[i].Start < gets[j].Start })
+	byProc := map[string][]foRecord{}
+	for _, g := range gets {
+		k := g.Key + "|" + strconv.Itoa(g.Proc)
+		byProc[k] = append(byProc[k], g)
+	}
+	for _, g := range gets {
+		ws := byKey[g.Key]
+		i := sort.Search(len(ws), func(i int) bool { return ws[i].End >= g.Start }) - 1
+		if i < 0 || g.Ver >= ws[i].Ver {
+			continue
+		}
+		if joinedOlder(byProc[g.Key+"|"+strconv.Itoa(g.Proc)], g, ws[i].End) {
+			continue
+		}
+		c.StaleReads++
+		if !inWindow(ws[i].End, g.End) {
+			c.StaleReadsOutside++
+			t.Logf("stale read outside a failover (after a write of version %d that ended at %d): %+v", ws[i].Ver, ws[i].End, g)
 		}
 	}
 	return c
 }
 
 // joinedOlder reports whether g may have joined a flight of its process
-// that began before t: a Get of the same key in the same process started
-// before t and ended after g started.
-func joinedOlder(gets []foRecord, g foRecord, t int64) bool {
-	for _, o := range gets {
-		if o.Start >= g.Start {
-			break
-		}
-		if o.Key == g.Key && o.Proc == g.Proc && o.Start < t && o.End >= g.Start {
+// that began before t: a Get of the same key in the same process (same,
+// sorted by start) started before t and ended after g started. Gets that
+// started more than a minute before g are not looked at.
+func joinedOlder(same []foRecord, g foRecord, t int64) bool {
+	i := sort.Search(len(same), func(i int) bool { return same[i].Start >= g.Start })
+	for j := i - 1; j >= 0 && same[j].Start > g.Start-int64(time.Minute); j-- {
+		if o := same[j]; o.Start < t && o.End >= g.Start {
 			return true
 		}
 	}

@@ -152,7 +152,7 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 	}
 	need := w.need(n)
 	due := false
-	if now := time.Now().UnixNano(); now-n.checked.Load() > int64(roleEvery) {
+	if now := time.Now().UnixNano(); w.acks == 0 && now-n.checked.Load() > int64(roleEvery) {
 		due = true
 		n.checked.Store(now)
 	}
