@@ -32,7 +32,11 @@ package herd
 //     holders as the downstream saw them);
 //  3. undone writes: after each failover settles, a cache key on the new
 //     master holds a version below the last Set or Invalidate acknowledged
-//     so far (those acknowledged by the deposed master included);
+//     so far (those acknowledged by the deposed master included); and, at
+//     the end, a key written once (1 in 10 cache operations: a Set of a
+//     new key, half of them followed by an Invalidate) whose acknowledged
+//     Set or Invalidate is not reflected on the final master (later
+//     writes cannot mask the loss of these);
 //  4. stale reads: a Get that started after an acknowledged write of
 //     version v and returned a version below v (unless it may have joined
 //     an older flight of its process). Reads served by a deposed master
@@ -208,6 +212,25 @@ func failoverWorker(ctx context.Context, _ string) error {
 	for range 4 { // cache users
 		wg.Go(func() {
 			for !stopped() {
+				if rand.IntN(10) == 0 {
+					// A key written once (and maybe invalidated once):
+					// later writes cannot mask its loss.
+					seq.Lock()
+					next++
+					key := fmt.Sprintf("once:%d:%d", proc, next)
+					seq.Unlock()
+					start := time.Now()
+					err := cache.Set(ctx, key, []byte("1"), time.Hour)
+					record(foRecord{Kind: "oset", Key: key, Start: start.UnixNano(), End: time.Now().UnixNano(),
+						OK: err == nil, Err: foErrClass(err), Msg: errText(err)})
+					if err == nil && rand.IntN(2) == 0 {
+						start = time.Now()
+						err = cache.Invalidate(ctx, key)
+						record(foRecord{Kind: "oinval", Key: key, Start: start.UnixNano(), End: time.Now().UnixNano(),
+							OK: err == nil, Err: foErrClass(err), Msg: errText(err)})
+					}
+					continue
+				}
 				i := rand.IntN(foCacheKeys)
 				key := "c" + strconv.Itoa(i)
 				start := time.Now()
@@ -360,8 +383,8 @@ func runFailoverSoak(t *testing.T, failovers, acks int) foCounts {
 		t.Fatal(err)
 	}
 	w.wait(30 * time.Second)
-	c := checkFailoverHistories(t, dir, procs, windows)
-	c.Failovers, c.Undone = failovers, undone
+	c := checkFailoverHistories(t, dir, procs, windows, s.Master(t))
+	c.Failovers, c.Undone = failovers, c.Undone+undone
 	t.Logf("ReplicaAcks %d: %+v", acks, c)
 	return c
 }
@@ -391,7 +414,7 @@ func checkUndone(t *testing.T, m *redistest.Server, acked map[string]string) int
 	return n
 }
 
-func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWindow) foCounts {
+func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWindow, master *redistest.Server) foCounts {
 	var recs []foRecord
 	for i := range procs {
 		f, err := os.Open(filepath.Join(dir, fmt.Sprintf("history-%d.jsonl", i)))
@@ -468,6 +491,51 @@ func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWin
 		}
 		return false
 	}
+	// Keys written once: an acknowledged Set must still be on the final
+	// master, and so must the absence after an acknowledged Invalidate. A
+	// key whose Invalidate was not acknowledged may be either way.
+	once := map[string]string{} // key → "set" or "inval" (acknowledged), "" ambiguous
+	onceEnd := map[string]int64{}
+	for _, r := range recs {
+		if r.Kind == "oset" {
+			onceEnd[r.Key] = r.End
+		}
+		switch {
+		case r.Kind == "oset" && r.OK:
+			c.AckedWrites++
+			if _, seen := once[r.Key]; !seen {
+				once[r.Key] = "set"
+			}
+		case r.Kind == "oinval" && r.OK:
+			c.AckedWrites++
+			once[r.Key] = "inval"
+		case r.Kind == "oinval":
+			once[r.Key] = ""
+		}
+	}
+	mc := redis.NewClient(&redis.Options{Addr: master.Addr()})
+	defer mc.Close()
+	for key, want := range once {
+		if want == "" {
+			continue
+		}
+		keys, _ := makeKeys(DefaultPrefix, key)
+		n, err := mc.Exists(context.Background(), keys.value).Result()
+		if err != nil {
+			t.Fatalf("EXISTS on the final master: %v", err)
+		}
+		if (want == "set") != (n == 1) {
+			c.Undone++
+			where := "outside the failovers"
+			for i, w := range windows {
+				if onceEnd[key] > w.start && onceEnd[key] < w.end {
+					where = fmt.Sprintf("in failover %d (+%v)", i+1, time.Duration(onceEnd[key]-w.start))
+				}
+			}
+			t.Logf("undone: the acknowledged %s of %s (written %s) is not on the final master", want, key, where)
+		}
+	}
+
 	// Mutual exclusion: a lease is held from its acquire's start until
 	// its local validity or its release's start, whichever is first.
 	released := map[string]int64{}

@@ -26,11 +26,10 @@ const (
 // the same connection, so that a write the caller is told about has reached
 // the replicas a failover would promote.
 //
-// In auto mode (acks 0) it waits for one replica once it has seen the
-// master with a replica: the count is learned from INFO replication, sent
-// in the same pipeline about once a second, and never forgotten, so a
-// deposed master whose replicas left it refuses writes instead of
-// acknowledging them.
+// In auto mode (acks 0) it waits for every replica the master has had in
+// the last minute: the count is learned from INFO replication, sent in
+// the same pipeline about once a second, so a deposed master whose
+// replicas are leaving it refuses writes instead of acknowledging them.
 type replicaWait struct {
 	acks    int // <0 never wait, 0 auto, >0 that many replicas
 	timeout time.Duration
@@ -42,9 +41,19 @@ type replicaWait struct {
 // nodeReplicas is what is known of one master's replicas.
 type nodeReplicas struct {
 	known   atomic.Bool  // an INFO has answered
-	seen    atomic.Int64 // the most replicas ever seen attached
 	checked atomic.Int64 // unix nanoseconds of the last INFO sent
+
+	mu     sync.Mutex
+	replid string    // the master's replication id when last seen
+	count  int       // replicas to wait for: the most seen lately
+	since  time.Time // when count was last seen (or set)
 }
+
+// replicaMemory is how long a master's replica count is remembered after
+// fewer replicas are attached: during a failover the deposed master's
+// replicas leave it one by one, and a write that only the replica left
+// behind acknowledged is lost when that replica follows the new master.
+const replicaMemory = time.Minute
 
 func newReplicaWait(acks int, timeout time.Duration) *replicaWait {
 	return &replicaWait{acks: acks, timeout: timeout, nodes: make(map[string]*nodeReplicas)}
@@ -68,35 +77,35 @@ func (w *replicaWait) need(n *nodeReplicas) int {
 		return 0
 	case w.acks > 0:
 		return w.acks
-	case n.seen.Load() > 0:
-		return 1
 	}
-	return 0
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.count
 }
 
-// learn records an INFO replication reply. A master counts as having had
-// a replica when one is attached or its replication backlog is active:
-// Redis creates the backlog when the first replica attaches and frees it
-// only repl-backlog-ttl (default 1h) after the last one left, so a deposed
-// master whose replicas just moved to the new master is caught by a
-// process that never saw them attached.
+// learn records an INFO replication reply. The count to wait for is the
+// most replicas attached to this master (this replication id: a promoted
+// replica starts a new one, and its count starts afresh) in the last
+// replicaMemory. A master with no replica attached counts one while its
+// replication backlog is active: Redis creates the backlog when the first
+// replica attaches and frees it only repl-backlog-ttl (default 1h) after
+// the last one left, so a deposed master whose replicas moved to the new
+// master is caught by a process that never saw them attached.
 func (n *nodeReplicas) learn(cmd *redis.StringCmd) {
 	info, err := cmd.Result()
-	if err != nil {
+	if err != nil || infoValue(info, "role") != "master" {
 		return
 	}
-	if infoValue(info, "role") != "master" {
-		return
-	}
-	c, _ := strconv.ParseInt(infoValue(info, "connected_slaves"), 10, 64)
+	c, _ := strconv.Atoi(infoValue(info, "connected_slaves"))
 	if c == 0 && infoValue(info, "repl_backlog_active") == "1" {
 		c = 1
 	}
-	for {
-		old := n.seen.Load()
-		if c <= old || n.seen.CompareAndSwap(old, c) {
-			break
-		}
+	id := infoValue(info, "master_replid")
+	now := time.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if id != n.replid || c >= n.count || now.Sub(n.since) > replicaMemory {
+		n.replid, n.count, n.since = id, c, now
 	}
 }
 
