@@ -91,8 +91,9 @@
 //   - A failover (Sentinel, or a Cluster replica promoted): every script
 //     that advances a fence (acquire, commit, Set, Invalidate) and every
 //     extend is followed, in the same round trip, by WAIT for the
-//     replicas ([Options.ReplicaAcks], by default one replica once the
-//     master has had one). A write herd reports done is on a replica, and
+//     replicas ([Options.ReplicaAcks], by default every replica the
+//     master had in the last minute). A write herd reports done is on the
+//     replicas, and
 //     fencing tokens are max(counter + 1, the Redis clock in µs), so,
 //     whenever the replica that is promoted had acknowledged the write,
 //     no token is issued twice, a deposed holder's downstream write is
@@ -192,7 +193,7 @@
 // counter expiry, Redis restarts and a failover to a replica that missed
 // the last tokens (given Redis hosts whose clocks do not go back by more
 // than the time between two leases). With replicas, the acquire waits for
-// one to acknowledge it ([LockerOptions.ReplicaAcks]) and fails with
+// them to acknowledge it ([LockerOptions.ReplicaAcks]) and fails with
 // [ErrNotReplicated] otherwise. Extend and Release compare the
 // owner id inside a script: a holder whose lease lapsed can never extend
 // or delete the next holder's lease. [Lease.KeepAlive] renews at a random

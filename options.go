@@ -57,18 +57,20 @@ type LockerOptions struct {
 	// prefers the most up-to-date replica), so no fencing token is issued
 	// twice and no acknowledged write is undone.
 	//
-	// ReplicaAcks 0 (the default) waits for one replica once the master
-	// has been seen with a replica (herd reads INFO replication about once
-	// a second, in the same pipeline as a write) and does not wait on a
-	// master that never had one. A master counts as having had one while
-	// its replication backlog is active (repl-backlog-ttl, default 1h,
-	// after its last replica left), and a process does not forget a
-	// replica it saw: a master whose replicas left it (a deposed master
-	// during a failover, a master whose replicas all died) refuses writes
-	// with [ErrNotReplicated] until one is back. A positive
-	// ReplicaAcks waits for that many replicas always; -1 never waits (the
-	// behaviour before replica waits: fast, unsafe across failover).
-	// ReplicaTimeout bounds each WAIT. Default: 250ms.
+	// ReplicaAcks 0 (the default) waits for every replica the master has
+	// had attached in the last minute, and does not wait on a master that
+	// never had one. herd reads INFO replication about once a second, in
+	// the same pipeline as a write; the count starts afresh when the master
+	// changes (a new replication id). A master with no replica attached
+	// counts one while its replication backlog is active (repl-backlog-ttl,
+	// default 1h, after its last replica left). So a deposed master during
+	// a failover, whose replicas are leaving it for the new master, refuses
+	// writes with [ErrNotReplicated] instead of acknowledging writes that
+	// only a departing replica has. The cost: for a minute after a replica
+	// leaves for good (or while one is attached but stalled), writes are
+	// refused. A positive ReplicaAcks waits for that many replicas always;
+	// -1 never waits (the behaviour before replica waits: fast, unsafe
+	// across failover). ReplicaTimeout bounds each WAIT. Default: 250ms.
 	//
 	// When too few replicas acknowledge: an acquire returns an error
 	// wrapping [ErrNotReplicated] and hands out no lease (fail-closed; the
@@ -295,8 +297,7 @@ type Options struct {
 
 	// ReplicaAcks and ReplicaTimeout: the replica wait after every write
 	// that advances a fence, as in [LockerOptions.ReplicaAcks]. Defaults:
-	// auto (one replica once the master has had one) and
-	// 250ms.
+	// every replica the master had in the last minute, and 250ms.
 	ReplicaAcks    int
 	ReplicaTimeout time.Duration
 }

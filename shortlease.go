@@ -72,8 +72,8 @@ func (l *Locker) Close() error {
 // The lease ends after ttl unless extended ([Lease.Extend],
 // [Lease.KeepAlive]); release it with [Lease.Release] when done.
 //
-// On a master that has had replicas, the lease is handed out only once a
-// replica acknowledged it ([LockerOptions.ReplicaAcks]); otherwise
+// On a master that has had replicas, the lease is handed out only once
+// they acknowledged it ([LockerOptions.ReplicaAcks]); otherwise
 // TryAcquire returns an error wrapping [ErrNotReplicated] (fail-closed).
 //
 // TryAcquire is safe under client retries: if go-redis re-sends the
@@ -309,7 +309,7 @@ type watchdog struct {
 // Token returns the lease's fencing token. Tokens of one key strictly
 // increase from one lease to the next, across processes, counter expiry,
 // Redis restarts and failovers (each token is at least the Redis clock in
-// microseconds, and the acquire waited for a replica). Pass it
+// microseconds, and the acquire waited for the replicas). Pass it
 // to the protected resource, which must reject a token lower than the
 // highest it has seen ([FencedStore] does that for a Redis key).
 func (l *Lease) Token() uint64 { return l.token }
