@@ -136,7 +136,8 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 	}
 	var target pipeliner = rdb
 	addr := ""
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
+	cc, cluster := rdb.(*redis.ClusterClient)
+	if cluster {
 		node, err := cc.MasterForKey(ctx, route)
 		if err != nil {
 			cmd := redis.NewCmd(ctx)
@@ -146,24 +147,29 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 		target, addr = node, node.Options().Addr
 	}
 	n := w.node(addr)
-	if !n.known.Load() && w.acks == 0 {
-		// Learn the replicas before the first write: without it, the
-		// first writes after start would not wait.
-		role := newReplicationInfo(ctx)
-		pipe := target.Pipeline()
-		_ = pipe.Process(ctx, role)
-		_, _ = pipe.Exec(ctx)
-		n.learn(role)
-		if err := role.Err(); err == nil || !isInfraError(err) {
-			n.known.Store(true) // a INFO refused (ACL) is not asked again
-		}
-		n.checked.Store(time.Now().UnixNano())
-	}
-	need := w.need(n)
 	due := false
-	if now := time.Now().UnixNano(); w.acks == 0 && now-n.checked.Load() > int64(roleEvery) {
+	if now := time.Now().UnixNano(); w.acks == 0 && (!n.known.Load() || now-n.checked.Load() > int64(roleEvery)) {
 		due = true
 		n.checked.Store(now)
+	}
+	if due && (cluster || !n.known.Load()) {
+		// Learn the replicas on its own: before the first write (without
+		// it, the first writes after start would not wait), and on a
+		// Cluster, where the script goes through the cluster client (for
+		// its redirections) when there is nothing to wait for.
+		info := newReplicationInfo(ctx)
+		pipe := target.Pipeline()
+		_ = pipe.Process(ctx, info)
+		_, _ = pipe.Exec(ctx)
+		n.learn(info)
+		if err := info.Err(); err == nil || !isInfraError(err) {
+			n.known.Store(true) // an INFO refused (ACL) is not asked again
+		}
+		due = false
+	}
+	need := w.need(n)
+	if need == 0 && !due {
+		return s.Run(ctx, rdb, keys, args...), nil
 	}
 	for attempt := 0; ; attempt++ {
 		pipe := target.Pipeline()
@@ -190,6 +196,14 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 		if role != nil {
 			n.learn(role)
 		}
+		if cluster && isRedirect(cmd.Err()) {
+			// The key's slot moved: run it where the cluster client says.
+			// The replicas of that master were not waited for.
+			if cmd = s.Run(ctx, rdb, keys, args...); cmd.Err() != nil || wait == nil {
+				return cmd, nil
+			}
+			return cmd, fmt.Errorf("%w: the key's slot moved while waiting", ErrNotReplicated)
+		}
 		if cmd.Err() != nil || wait == nil {
 			return cmd, nil
 		}
@@ -205,6 +219,14 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 
 func newReplicationInfo(ctx context.Context) *redis.StringCmd {
 	return redis.NewStringCmd(ctx, "INFO", "replication")
+}
+
+func isRedirect(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "TRYAGAIN")
 }
 
 func isNoScript(err error) bool {
