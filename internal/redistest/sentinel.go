@@ -139,13 +139,15 @@ func (s *Sentinel) Master(t testing.TB) *Server {
 
 // Failover asks a Sentinel for a graceful failover (SENTINEL FAILOVER) and
 // waits until every Sentinel announces a new master. It returns the old
-// and the new master. The old master stays a writable master until the
+// and the new master (the same node when, on a loaded machine, an
+// automatic failover followed and failed back). The old master stays a writable master until the
 // Sentinels demote it, which can take several seconds.
 func (s *Sentinel) Failover(t testing.TB) (old, promoted *Server) {
 	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old = s.Master(t)
+	epoch := s.mustEpoch(t)
 	deadline := time.Now().Add(sentinelSettleTimeout)
 	for {
 		_, err := command(s.sentinels[0].Addr(), time.Second, "SENTINEL", "FAILOVER", SentinelMasterName)
@@ -158,7 +160,7 @@ func (s *Sentinel) Failover(t testing.TB) (old, promoted *Server) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	return old, s.waitNewMaster(t, old, deadline)
+	return old, s.waitNewMaster(t, old, epoch, deadline)
 }
 
 // KillMaster kills the master with SIGKILL, waits until every Sentinel
@@ -170,8 +172,9 @@ func (s *Sentinel) KillMaster(t testing.TB) (old, promoted *Server) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old = s.Master(t)
+	epoch := s.mustEpoch(t)
 	old.Kill(t)
-	promoted = s.waitNewMaster(t, old, time.Now().Add(sentinelSettleTimeout))
+	promoted = s.waitNewMaster(t, old, epoch, time.Now().Add(sentinelSettleTimeout))
 	old.Restart(t)
 	if _, err := command(old.Addr(), time.Second, "REPLICAOF", "127.0.0.1", strconv.Itoa(promoted.port)); err != nil {
 		t.Fatalf("redistest: REPLICAOF after restart: %v", err)
@@ -188,10 +191,20 @@ func (s *Sentinel) PauseMaster(t testing.TB) (old, promoted *Server) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old = s.Master(t)
+	epoch := s.mustEpoch(t)
 	old.Pause(t)
-	promoted = s.waitNewMaster(t, old, time.Now().Add(sentinelSettleTimeout))
+	promoted = s.waitNewMaster(t, old, epoch, time.Now().Add(sentinelSettleTimeout))
 	old.Resume(t)
 	return old, promoted
+}
+
+func (s *Sentinel) mustEpoch(t testing.TB) int64 {
+	t.Helper()
+	e, err := s.epoch()
+	if err != nil {
+		t.Fatalf("redistest: SENTINEL MASTER: %v", err)
+	}
+	return e
 }
 
 // WaitSettled waits until every Sentinel names the same master, that
@@ -205,11 +218,17 @@ func (s *Sentinel) WaitSettled(t testing.TB) {
 	}
 }
 
-func (s *Sentinel) waitNewMaster(t testing.TB, old *Server, deadline time.Time) *Server {
+// waitNewMaster waits until every Sentinel names a master other than old,
+// or old again after a newer configuration epoch than epoch (on a loaded
+// machine an automatic failover can follow a requested one and fail back).
+func (s *Sentinel) waitNewMaster(t testing.TB, old *Server, epoch int64, deadline time.Time) *Server {
 	t.Helper()
 	for {
 		m, err := s.agreedMaster()
 		if err == nil && m != old {
+			return m
+		}
+		if e, eerr := s.epoch(); err == nil && eerr == nil && e > epoch+1 {
 			return m
 		}
 		if time.Now().After(deadline) {
@@ -217,6 +236,32 @@ func (s *Sentinel) waitNewMaster(t testing.TB, old *Server, deadline time.Time) 
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// epoch returns the configuration epoch of the master, the lowest any
+// Sentinel reports.
+func (s *Sentinel) epoch() (int64, error) {
+	low := int64(-1)
+	for _, sn := range s.sentinels {
+		r, err := command(sn.Addr(), time.Second, "SENTINEL", "MASTER", SentinelMasterName)
+		if err != nil {
+			return 0, err
+		}
+		kv, _ := r.([]any)
+		for i := 0; i+1 < len(kv); i += 2 {
+			if k, _ := kv[i].(string); k == "config-epoch" {
+				v, _ := kv[i+1].(string)
+				e, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("sentinel %s: config-epoch %q", sn.Addr(), v)
+				}
+				if low < 0 || e < low {
+					low = e
+				}
+			}
+		}
+	}
+	return low, nil
 }
 
 // agreedMaster returns the node every Sentinel names as master.
