@@ -9,6 +9,7 @@ import (
 // go-redis failover client, that a write made before each one is readable
 // from the new master.
 func TestSentinel(t *testing.T) {
+	t.Parallel()
 	s := StartSentinel(t)
 	ctx := context.Background()
 	c := s.Client(t)
