@@ -112,7 +112,8 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 	}
 	cfg := opt.resolve()
 	locker := NewLocker(rdb, &LockerOptions{Prefix: cfg.Prefix, PollMin: cfg.PollMin, PollMax: cfg.PollMax,
-		Observer: cfg.Observer, KeyClass: cfg.classLabel, Logger: cfg.Logger})
+		Observer: cfg.Observer, KeyClass: cfg.classLabel, Logger: cfg.Logger,
+		ReplicaAcks: cfg.ReplicaAcks, ReplicaTimeout: cfg.ReplicaTimeout})
 	c := &Cache{
 		rdb:    rdb,
 		cfg:    cfg,
@@ -245,9 +246,11 @@ const writeMarkerTTL = time.Minute
 // Set stores val under key for ttl, in one round trip. It advances the
 // key's fence first, so a rebuild that started before Set can never
 // overwrite val, and wakes callers waiting on the key. Errors: those of
-// Get's arguments, [ErrValueTooLarge], [ErrClosed] after Close, or the
-// wrapped Redis error. When ctx ends first, Set returns at once with an
-// error wrapping ctx.Err(); the write may still land.
+// Get's arguments, [ErrValueTooLarge], [ErrClosed] after Close,
+// [ErrNotReplicated] (the master stored it, too few replicas acknowledged:
+// it may be lost by a failover), or the wrapped Redis error. When ctx ends
+// first, Set returns at once with an error wrapping ctx.Err(); the write
+// may still land.
 func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
 	if c.isClosed() {
 		return ErrClosed
@@ -265,9 +268,13 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 	ttl = c.jitter(ttl)
 	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).encode()
 	err = c.untilDone(ctx, key, func() error {
-		return setScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
+		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, setScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
 			env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds()).Err()
+			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds())
+		if err := cmd.Err(); err != nil {
+			return err
+		}
+		return werr
 	})
 	if err != nil {
 		return fmt.Errorf("herd: set %q: %w", key, err)
@@ -278,9 +285,10 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 // Invalidate deletes key's value and advances its fence, in one round
 // trip: a rebuild in flight when Invalidate runs cannot write its value
 // afterwards (the stale-set race that memcache leases close); the next Get
-// loads again. Errors: [ErrInvalidKey], [ErrClosed] after Close, or the
-// wrapped Redis error. When ctx ends first, Invalidate returns at once
-// with an error wrapping ctx.Err(); the write may still land.
+// loads again. Errors: [ErrInvalidKey], [ErrClosed] after Close,
+// [ErrNotReplicated] (as for Set) or the wrapped Redis error. When ctx
+// ends first, Invalidate returns at once with an error wrapping ctx.Err();
+// the write may still land.
 func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	if c.isClosed() {
 		return ErrClosed
@@ -290,8 +298,12 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 		return err
 	}
 	err = c.untilDone(ctx, key, func() error {
-		return invalidateScript.Run(ctx, c.rdb, []string{keys.value, keys.fence, keys.writes + newOwner()},
-			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds()).Err()
+		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
+			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds())
+		if err := cmd.Err(); err != nil {
+			return err
+		}
+		return werr
 	})
 	if err != nil {
 		return fmt.Errorf("herd: invalidate %q: %w", key, err)

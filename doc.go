@@ -113,6 +113,28 @@
 //     retried ACQUIRE is recognised as the caller's own.
 //   - Clocks: freshness is judged from the writer's clock; keep hosts in
 //     NTP sync. Leases use Redis-side expiry and monotonic local time.
+//   - A failover (Sentinel, or a Cluster replica promoted): every script
+//     that advances a fence (acquire, commit, Set, Invalidate) and every
+//     extend is followed, in the same round trip, by WAIT for the
+//     replicas ([Options.ReplicaAcks], by default every replica the
+//     master had in the last minute). A write herd reports done is on the
+//     replicas, and
+//     fencing tokens are max(counter + 1, the Redis clock in µs), so,
+//     whenever the replica that is promoted had acknowledged the write,
+//     no token is issued twice, a deposed holder's downstream write is
+//     rejected and no acknowledged Set or Invalidate is undone. A write
+//     too few replicas acknowledged is [ErrNotReplicated]: Set and
+//     Invalidate return it (the write may or may not survive: retry), an
+//     acquire hands out no lease, a miss fails open (or [ErrUnavailable]
+//     with FailClosed). After a graceful or SIGSTOP failover the old
+//     master stays a writable master for seconds, until the Sentinels
+//     demote it; its writes are refused there, since its replicas have
+//     left. What remains: reads served by a deposed master can be stale
+//     (a value older than a write acknowledged by the new master), and no
+//     fencing token can stop that. min-replicas-to-write 1 with
+//     min-replicas-max-lag on the master shortens that window (a master
+//     without a replica refuses writes after the lag); docs/faults.md has
+//     the measured counts and the settings.
 //
 // Bound Redis calls with the client's ReadTimeout and WriteTimeout: the
 // Cache relies on them to notice a slow or vanished Redis.
@@ -224,10 +246,14 @@
 //	}
 //
 // A lease is one Redis key set with SET NX PX to a random 128-bit owner id.
-// The acquiring script also increments the key's fence counter and returns
-// it as the lease's fencing token ([Lease.Token]); the counter is seeded
-// from the Redis clock when absent, so tokens of a key keep increasing
-// across counter expiry and Redis restarts. Extend and Release compare the
+// The acquiring script also advances the key's fence counter to max(counter
+// + 1, the Redis clock in microseconds) and returns it as the lease's
+// fencing token ([Lease.Token]), so tokens of a key keep increasing across
+// counter expiry, Redis restarts and a failover to a replica that missed
+// the last tokens (given Redis hosts whose clocks do not go back by more
+// than the time between two leases). With replicas, the acquire waits for
+// them to acknowledge it ([LockerOptions.ReplicaAcks]) and fails with
+// [ErrNotReplicated] otherwise. Extend and Release compare the
 // owner id inside a script: a holder whose lease lapsed can never extend
 // or delete the next holder's lease. [Lease.KeepAlive] renews at a random
 // point between a third and a half of the lease length, up to an absolute

@@ -86,6 +86,15 @@ var (
 	// granted only after the lease's validity was spent.
 	ErrNoQuorum = errors.New("herd: no quorum of Redis masters")
 
+	// ErrNotReplicated is returned when a write that advances a fence (a
+	// lease acquire, Set, Invalidate, a rebuild's commit) or a lease
+	// extend ran on the master but fewer replicas than required
+	// acknowledged it within the replica timeout (see
+	// [LockerOptions.ReplicaAcks]). The write may be lost by a failover or
+	// may survive: a Set or Invalidate can be retried; a lease is not
+	// handed out.
+	ErrNotReplicated = errors.New("herd: write not acknowledged by enough replicas")
+
 	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
 	// its Close: TryAcquire, Acquire (also one waiting when Close is
 	// called), Get, [Fetch], Begin, Set and Invalidate. A [Lease] handed

@@ -48,6 +48,40 @@ type LockerOptions struct {
 	// keys. It is raised to at least twice the lease length on every
 	// acquire and extend. Default: 24h.
 	FenceTTL time.Duration
+
+	// Replica wait (failover safety). After every script that advances a
+	// key's fence (a lease acquire, a rebuild's commit, Set, Invalidate)
+	// and after a lease extend, herd sends WAIT on the same connection, in
+	// the same round trip, and counts the write as done only when
+	// ReplicaAcks replicas acknowledged it within ReplicaTimeout. A
+	// failover then promotes a replica that has the write (Sentinel
+	// prefers the most up-to-date replica), so no fencing token is issued
+	// twice and no acknowledged write is undone.
+	//
+	// ReplicaAcks 0 (the default) waits for every replica the master has
+	// had attached in the last minute, and does not wait on a master that
+	// never had one. herd reads INFO replication about once a second, in
+	// the same pipeline as a write; the count starts afresh when the master
+	// changes (a new replication id). A master with no replica attached
+	// counts one while its replication backlog is active (repl-backlog-ttl,
+	// default 1h, after its last replica left). So a deposed master during
+	// a failover, whose replicas are leaving it for the new master, refuses
+	// writes with [ErrNotReplicated] instead of acknowledging writes that
+	// only a departing replica has. The cost: for a minute after a replica
+	// leaves for good (or while one is attached but stalled), writes are
+	// refused. A positive ReplicaAcks waits for that many replicas always;
+	// -1 never waits (the behaviour before replica waits: fast, unsafe
+	// across failover). ReplicaTimeout bounds each WAIT. Default: 250ms.
+	//
+	// When too few replicas acknowledge: an acquire returns an error
+	// wrapping [ErrNotReplicated] and hands out no lease (fail-closed; the
+	// lease is released on a best-effort basis); an extend returns it and
+	// leaves the lease's validity where it was; Set and Invalidate return
+	// it (the write may or may not survive a failover: retry); a Cache
+	// miss treats it as a Redis error (fail-open to a local load, or
+	// [ErrUnavailable] with FailClosed) and a commit as a failed commit.
+	ReplicaAcks    int
+	ReplicaTimeout time.Duration
 }
 
 // lockerConfig is LockerOptions with every default applied.
@@ -57,6 +91,7 @@ type lockerConfig struct {
 	maxWait          time.Duration // 0: 3 × ttl
 	pollMin, pollMax time.Duration
 	fenceTTL         time.Duration
+	repl             *replicaWait
 }
 
 func (o *LockerOptions) resolve() lockerConfig {
@@ -96,7 +131,26 @@ func (o *LockerOptions) resolve() lockerConfig {
 		c.fenceTTL = 24 * time.Hour
 	}
 	c.sig = newSignals(in.Observer, in.KeyClass, in.Logger)
+	c.repl = resolveReplicaWait("LockerOptions", in.ReplicaAcks, in.ReplicaTimeout)
 	return c
+}
+
+// resolveReplicaWait validates the replica wait options (kept apart from
+// the other options' validation).
+func resolveReplicaWait(owner string, acks int, timeout time.Duration) *replicaWait {
+	if acks < -1 {
+		panic(fmt.Sprintf("herd: %s.ReplicaAcks is %d (must be -1, 0 or a number of replicas)", owner, acks))
+	}
+	if timeout < 0 {
+		panic(fmt.Sprintf("herd: %s.ReplicaTimeout is negative (%v)", owner, timeout))
+	}
+	if timeout == 0 {
+		timeout = defaultReplicaTimeout
+	}
+	if timeout < time.Millisecond {
+		panic(fmt.Sprintf("herd: %s.ReplicaTimeout %v is below the millisecond WAIT counts in", owner, timeout))
+	}
+	return newReplicaWait(acks, timeout)
 }
 
 // The durations herd accepts. A value's time-to-live is counted in the
@@ -309,6 +363,12 @@ type Options struct {
 	// corrupt value, a failed refresh), rate-limited to one line per
 	// second per kind. Default: silent.
 	Logger *slog.Logger
+
+	// ReplicaAcks and ReplicaTimeout: the replica wait after every write
+	// that advances a fence, as in [LockerOptions.ReplicaAcks]. Defaults:
+	// every replica the master had in the last minute, and 250ms.
+	ReplicaAcks    int
+	ReplicaTimeout time.Duration
 }
 
 // cacheConfig is Options with every default applied.
@@ -399,6 +459,7 @@ func (o *Options) resolve() cacheConfig {
 	if c.KeyClass == nil {
 		c.KeyClass = func(key string) string { return key }
 	}
+	resolveReplicaWait("Options", c.ReplicaAcks, c.ReplicaTimeout) // validates
 	c.calib = calibration{Factor: c.LeaseFactor, Min: c.MinLease, Max: c.MaxLease, Default: c.DefaultLease}
 	newCalibrator(c.calib) // panics on an invalid combination
 	return c

@@ -116,6 +116,10 @@ func (l *Locker) isClosed() bool {
 // The lease ends after ttl unless extended ([Lease.Extend],
 // [Lease.KeepAlive]); release it with [Lease.Release] when done.
 //
+// On a master that has had replicas, the lease is handed out only once
+// they acknowledged it ([LockerOptions.ReplicaAcks]); otherwise
+// TryAcquire returns an error wrapping [ErrNotReplicated] (fail-closed).
+//
 // TryAcquire is safe under client retries: if go-redis re-sends the
 // command because the reply was lost after the server ran it, the retry
 // recognises the lease as this caller's and reports it acquired.
@@ -283,7 +287,8 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 		names = append(names, keys.value, keys.backoff, keys.failed)
 		args = append(args, mode, seen, awaited)
 	}
-	res, err := acquireScript.Run(ctx, l.rdb, names, args...).Slice()
+	cmd, werr := l.cfg.repl.run(ctx, l.rdb, keys.fence, acquireScript, names, args...)
+	res, err := cmd.Slice()
 	if err != nil {
 		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, err)
 	}
@@ -314,6 +319,16 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 	token, err := strconv.ParseUint(val, 10, 64)
 	if err != nil {
 		return attempted{}, fmt.Errorf("herd: acquire lease %q: bad fence %q", key, val)
+	}
+	if werr != nil {
+		// The master took the lease but too few replicas have it: a
+		// failover could hand the same lease, and the same token, to
+		// someone else. Fail closed, and give the lease back at once.
+		gone := &Lease{locker: l, keys: keys, value: owner + ":" + val}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.repl.timeout)
+		_, _ = gone.releaseWith(rctx, msgReleased)
+		cancel()
+		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, werr)
 	}
 	lease := &Lease{
 		locker:   l,
@@ -374,8 +389,9 @@ type watchdog struct {
 }
 
 // Token returns the lease's fencing token. Tokens of one key strictly
-// increase from one lease to the next, across processes, counter expiry
-// and Redis restarts (the counter is seeded from the Redis clock). Pass it
+// increase from one lease to the next, across processes, counter expiry,
+// Redis restarts and failovers (each token is at least the Redis clock in
+// microseconds, and the acquire waited for the replicas). Pass it
 // to the protected resource, which must reject a token lower than the
 // highest it has seen ([FencedStore] does that for a Redis key).
 func (l *Lease) Token() uint64 { return l.token }
@@ -401,10 +417,11 @@ func (l *Lease) Lost() <-chan struct{} { return l.lost }
 
 // Extend sets the lease's remaining time to ttl, if it is still this
 // owner's. It returns an error wrapping [ErrLeaseLost] when it is not, or
-// once the lease is known lost or released; a Redis error is returned
-// wrapped and leaves the lease as it was (Lost closes when its validity
-// runs out). ttl is checked as in [Locker.TryAcquire]. Extend keeps
-// working after [Locker.Close].
+// once the lease is known lost or released; a Redis error, or
+// [ErrNotReplicated] when too few replicas acknowledged the renewal, is
+// returned wrapped and leaves the lease's local validity as it was (Lost
+// closes when it runs out). ttl is checked as in [Locker.TryAcquire].
+// Extend keeps working after [Locker.Close].
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrLeaseLost
@@ -428,8 +445,12 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
 	}
 	start := time.Now()
-	ok, err := extendScript.Run(ctx, l.locker.rdb, []string{l.keys.lease, l.keys.fence},
-		l.value, ttl.Milliseconds(), l.locker.fenceTTL(ttl).Milliseconds()).Int()
+	cmd, werr := l.locker.cfg.repl.run(ctx, l.locker.rdb, l.keys.fence, extendScript, []string{l.keys.lease, l.keys.fence},
+		l.value, ttl.Milliseconds(), l.locker.fenceTTL(ttl).Milliseconds())
+	ok, err := cmd.Int()
+	if err == nil && ok == 1 && werr != nil {
+		err = werr // renewed on the master only: a failover would not know it
+	}
 	if err != nil {
 		l.locker.cfg.sig.lease(l.key, LeaseExtendFailed)
 		return fmt.Errorf("herd: extend lease %q: %w", l.key, err)

@@ -367,15 +367,22 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 		msg = string(msgValue) + string(b)
 	}
 	sent := time.Now()
-	ok, err := commitScript.Run(c.ctx, c.rdb, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
+	cmd, werr := c.locker.cfg.repl.run(c.ctx, c.rdb, f.keys.fence, commitScript, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
-		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased).Int()
+		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased)
+	ok, err := cmd.Int()
+	if err == nil && ok == 1 && werr != nil {
+		err = werr // stored on the master only: a failover may lose it
+	}
 	switch {
 	case err != nil:
 		c.stats.commitErrors.Add(1)
 		c.sig.commit(f.key, CommitError)
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
+		if ok == 1 && errors.Is(err, ErrNotReplicated) {
+			return currency{from: sent} // current on the master when it ran
+		}
 		if isInfraError(err) {
 			// Redis became unreachable: like a load while it is down,
 			// nothing can check the value (see currency).

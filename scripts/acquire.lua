@@ -51,13 +51,13 @@ end
 if cur then
   return {0, redis.call('PTTL', KEYS[1]), holder, redis.call('HGET', KEYS[2], 'n') or ''}
 end
-if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
-  -- Seed a new counter with the server's clock in microseconds, so a counter
-  -- that expired (or a Redis that restarted empty) never goes backwards.
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[2], 'n', t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
-end
-local fence = string.format('%d', redis.call('HINCRBY', KEYS[2], 'n', 1))
+-- The token is max(counter + 1, the server's clock in microseconds): it
+-- never goes backwards when the counter expired, Redis restarted empty, or
+-- a failover promoted a replica that missed the last tokens (exact below
+-- 2^53 µs, the year 2255).
+local t = redis.call('TIME')
+local fence = string.format('%d', math.max((tonumber(redis.call('HGET', KEYS[2], 'n')) or 0) + 1, t[1] * 1000000 + t[2]))
+redis.call('HSET', KEYS[2], 'n', fence)
 redis.call('SET', KEYS[1], ARGV[1] .. ':' .. fence, 'PX', ARGV[2])
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[3])

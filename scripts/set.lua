@@ -13,11 +13,10 @@ local done = redis.call('GET', KEYS[3])
 if done then
   return done
 end
-if redis.call('HEXISTS', KEYS[2], 'n') == 0 then
-  local t = redis.call('TIME')
-  redis.call('HSET', KEYS[2], 'n', t[1] .. string.rep('0', 6 - #t[2]) .. t[2])
-end
-local n = redis.call('HINCRBY', KEYS[2], 'n', 1)
+-- The fence is max(counter + 1, the server's clock in µs), as in ACQUIRE.
+local t = redis.call('TIME')
+local n = math.max((tonumber(redis.call('HGET', KEYS[2], 'n')) or 0) + 1, t[1] * 1000000 + t[2])
+redis.call('HSET', KEYS[2], 'n', string.format('%d', n))
 if redis.call('PTTL', KEYS[2]) < tonumber(ARGV[3]) then
   redis.call('PEXPIRE', KEYS[2], ARGV[3])
 end

@@ -47,6 +47,7 @@ type Server struct {
 	bin   string   // path of redis-server
 	dir   string   // working directory, log and cluster configuration
 	extra []string // additional command-line options
+	conf  string   // a configuration file to start with (Sentinels); "" for none
 	port  int      // fixed once the first process is ready
 
 	mu     sync.Mutex
@@ -160,7 +161,11 @@ func (s *Server) launchLocked(port int, deadline time.Time) error {
 	// Only what this process writes tells why it failed.
 	logStart := s.logSizes()
 
-	args := []string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf, "--sentinel")
+	}
+	args = append(args,
 		"--port", strconv.Itoa(port),
 		"--bind", "127.0.0.1",
 		"--daemonize", "no",
@@ -168,7 +173,7 @@ func (s *Server) launchLocked(port int, deadline time.Time) error {
 		"--appendonly", "no",
 		"--dir", s.dir,
 		"--logfile", filepath.Join(s.dir, logName),
-	}
+	)
 	args = append(args, s.extra...)
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = s.dir

@@ -1,0 +1,234 @@
+package herd
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Replica wait defaults.
+const (
+	// defaultReplicaTimeout bounds one WAIT for the replicas.
+	defaultReplicaTimeout = 250 * time.Millisecond
+	// roleEvery is how often the master's replicas are counted again (an
+	// INFO replication added to the pipeline of a script that is running anyway).
+	roleEvery = time.Second
+)
+
+// replicaWait runs the scripts that advance a fence (ACQUIRE, COMMIT, SET,
+// INVALIDATE) and EXTEND followed by a WAIT for the replicas, pipelined on
+// the same connection, so that a write the caller is told about has reached
+// the replicas a failover would promote.
+//
+// In auto mode (acks 0) it waits for every replica the master has had in
+// the last minute: the count is learned from INFO replication, sent in
+// the same pipeline about once a second, so a deposed master whose
+// replicas are leaving it refuses writes instead of acknowledging them.
+type replicaWait struct {
+	acks    int // <0 never wait, 0 auto, >0 that many replicas
+	timeout time.Duration
+
+	mu    sync.Mutex
+	nodes map[string]*nodeReplicas // by master address; "" for non-cluster clients
+}
+
+// nodeReplicas is what is known of one master's replicas.
+type nodeReplicas struct {
+	known   atomic.Bool  // an INFO has answered
+	checked atomic.Int64 // unix nanoseconds of the last INFO sent
+
+	mu     sync.Mutex
+	replid string    // the master's replication id when last seen
+	count  int       // replicas to wait for: the most seen lately
+	since  time.Time // when count was last seen (or set)
+}
+
+// replicaMemory is how long a master's replica count is remembered after
+// fewer replicas are attached: during a failover the deposed master's
+// replicas leave it one by one, and a write that only the replica left
+// behind acknowledged is lost when that replica follows the new master.
+const replicaMemory = time.Minute
+
+func newReplicaWait(acks int, timeout time.Duration) *replicaWait {
+	return &replicaWait{acks: acks, timeout: timeout, nodes: make(map[string]*nodeReplicas)}
+}
+
+func (w *replicaWait) node(addr string) *nodeReplicas {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.nodes[addr]
+	if n == nil {
+		n = &nodeReplicas{}
+		w.nodes[addr] = n
+	}
+	return n
+}
+
+// need is the number of replicas a write must reach on node n.
+func (w *replicaWait) need(n *nodeReplicas) int {
+	switch {
+	case w.acks < 0:
+		return 0
+	case w.acks > 0:
+		return w.acks
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.count
+}
+
+// learn records an INFO replication reply. The count to wait for is the
+// most replicas attached to this master (this replication id: a promoted
+// replica starts a new one, and its count starts afresh) in the last
+// replicaMemory. A master with no replica attached counts one while its
+// replication backlog is active: Redis creates the backlog when the first
+// replica attaches and frees it only repl-backlog-ttl (default 1h) after
+// the last one left, so a deposed master whose replicas moved to the new
+// master is caught by a process that never saw them attached.
+func (n *nodeReplicas) learn(cmd *redis.StringCmd) {
+	info, err := cmd.Result()
+	if err != nil || infoValue(info, "role") != "master" {
+		return
+	}
+	c, _ := strconv.Atoi(infoValue(info, "connected_slaves"))
+	if c == 0 && infoValue(info, "repl_backlog_active") == "1" {
+		c = 1
+	}
+	id := infoValue(info, "master_replid")
+	now := time.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if id != n.replid || c >= n.count || now.Sub(n.since) > replicaMemory {
+		n.replid, n.count, n.since = id, c, now
+	}
+}
+
+// infoValue returns field's value in an INFO reply ("" when absent).
+func infoValue(info, field string) string {
+	for line := range strings.SplitSeq(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok && k == field {
+			return v
+		}
+	}
+	return ""
+}
+
+// pipeliner is what a pipeline runs on: a client for one master.
+type pipeliner interface {
+	Pipeline() redis.Pipeliner
+}
+
+// run runs s with keys and args on rdb and then, in the same pipeline, the
+// WAIT. route is a key of the script, which picks the master of a
+// Cluster. The first result is the script's command (check its Err); the
+// second is an error wrapping [ErrNotReplicated] when the script ran but
+// too few replicas acknowledged within the timeout, or the WAIT's own
+// error. Callers ignore the second when the script wrote nothing.
+func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route string, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
+	if w.acks < 0 {
+		return s.Run(ctx, rdb, keys, args...), nil
+	}
+	var target pipeliner = rdb
+	addr := ""
+	cc, cluster := rdb.(*redis.ClusterClient)
+	if cluster {
+		node, err := cc.MasterForKey(ctx, route)
+		if err != nil {
+			cmd := redis.NewCmd(ctx)
+			cmd.SetErr(err)
+			return cmd, nil
+		}
+		target, addr = node, node.Options().Addr
+	}
+	n := w.node(addr)
+	due := false
+	if now := time.Now().UnixNano(); w.acks == 0 && (!n.known.Load() || now-n.checked.Load() > int64(roleEvery)) {
+		due = true
+		n.checked.Store(now)
+	}
+	if due && (cluster || !n.known.Load()) {
+		// Learn the replicas on its own: before the first write (without
+		// it, the first writes after start would not wait), and on a
+		// Cluster, where the script goes through the cluster client (for
+		// its redirections) when there is nothing to wait for.
+		info := newReplicationInfo(ctx)
+		pipe := target.Pipeline()
+		_ = pipe.Process(ctx, info)
+		_, _ = pipe.Exec(ctx)
+		n.learn(info)
+		if err := info.Err(); err == nil || !isInfraError(err) {
+			n.known.Store(true) // an INFO refused (ACL) is not asked again
+		}
+		due = false
+	}
+	need := w.need(n)
+	if need == 0 && !due {
+		return s.Run(ctx, rdb, keys, args...), nil
+	}
+	for attempt := 0; ; attempt++ {
+		pipe := target.Pipeline()
+		var cmd *redis.Cmd
+		if attempt == 0 {
+			cmd = s.EvalSha(ctx, pipe, keys, args...)
+		} else {
+			cmd = s.Eval(ctx, pipe, keys, args...)
+		}
+		var wait *redis.IntCmd
+		if need > 0 {
+			wait = redis.NewIntCmd(ctx, "WAIT", need, w.timeout.Milliseconds())
+			_ = pipe.Process(ctx, wait)
+		}
+		var role *redis.StringCmd
+		if due {
+			role = newReplicationInfo(ctx)
+			_ = pipe.Process(ctx, role)
+		}
+		_, _ = pipe.Exec(ctx)
+		if attempt == 0 && isNoScript(cmd.Err()) {
+			continue // the server does not have the script yet: send it
+		}
+		if role != nil {
+			n.learn(role)
+		}
+		if cluster && isRedirect(cmd.Err()) {
+			// The key's slot moved: run it where the cluster client says.
+			// The replicas of that master were not waited for.
+			if cmd = s.Run(ctx, rdb, keys, args...); cmd.Err() != nil || wait == nil {
+				return cmd, nil
+			}
+			return cmd, fmt.Errorf("%w: the key's slot moved while waiting", ErrNotReplicated)
+		}
+		if cmd.Err() != nil || wait == nil {
+			return cmd, nil
+		}
+		if err := wait.Err(); err != nil {
+			return cmd, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
+		}
+		if got := wait.Val(); got < int64(need) {
+			return cmd, fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, got, need, w.timeout)
+		}
+		return cmd, nil
+	}
+}
+
+func newReplicationInfo(ctx context.Context) *redis.StringCmd {
+	return redis.NewStringCmd(ctx, "INFO", "replication")
+}
+
+func isRedirect(err error) bool {
+	if err == nil {
+		return false
+	}
+	msg := err.Error()
+	return strings.HasPrefix(msg, "MOVED ") || strings.HasPrefix(msg, "ASK ") || strings.HasPrefix(msg, "TRYAGAIN")
+}
+
+func isNoScript(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
