@@ -763,7 +763,8 @@ func cacheErrorsWorker(ctx context.Context, _ string) error {
 // their flight takes over when the stalled leader's lease lapses, loads
 // again and commits. After SIGCONT the stalled leader's loader returns and
 // its commit must be fenced (Stats.Fenced == 1 in that process); its own
-// callers still get its value, but the cache keeps the second loader's.
+// callers get its value or (those that joined after its load began) the
+// newer one, and the cache keeps the second loader's.
 func TestCacheLeaderStall(t *testing.T) {
 	const procs, g = 2, 10
 	const lease = 400 * time.Millisecond
@@ -858,11 +859,19 @@ func TestCacheLeaderStall(t *testing.T) {
 	}
 	firstVal := fmt.Sprintf("load-1-pid-%d", p.pids()[stalled])
 	secondVal := fmt.Sprintf("load-2-pid-%d", p.pids()[other])
-	for i, want := range map[int]string{stalled: firstVal, other: secondVal} {
+	// The stalled leader's callers that joined before its load began get
+	// its value (fenced, not stored); those that joined later take the
+	// next lookup (read-your-writes: the fenced value may predate a write
+	// they saw) and get the newer stored value.
+	for i, want := range map[int][]string{stalled: {firstVal, secondVal}, other: {secondVal}} {
 		vals, _ := rdb.SMembers(ctx, cpKey(prefix, "values", strconv.Itoa(i))).Result()
 		served, _ := rdb.Get(ctx, servedKey(i)).Int()
-		if len(vals) != 1 || vals[0] != want || served != g {
-			t.Errorf("process %d: %d callers served with values %q, want %d with %q", i, served, vals, g, want)
+		ok := served == g && len(vals) > 0
+		for _, v := range vals {
+			ok = ok && slices.Contains(want, v)
+		}
+		if !ok {
+			t.Errorf("process %d: %d callers served with values %q, want %d with values among %q", i, served, vals, g, want)
 		}
 	}
 	if n, _ := rdb.Get(ctx, cpKey(prefix, "loads")).Int(); n != 2 {
