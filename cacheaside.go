@@ -186,6 +186,8 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
+		case <-c.ctx.Done():
+			return nil, ErrClosed // Close: the flight ends when its Redis call does
 		case r := <-ch:
 			res := r.Val.(*flightResult)
 			if round == 0 && !res.answers(joined, writes, r.Err) {
@@ -357,7 +359,10 @@ func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other
-// processes at once), and stops the pub/sub connection. Every later call
+// processes at once), and stops the pub/sub connection. Callers still
+// waiting in Get, Fetch or Begin return [ErrClosed] at once. A Redis
+// command already sent cannot be taken back: Close waits for it, for up to
+// the client's ReadTimeout and WriteTimeout (keep them short). Every later call
 // of Get, [Fetch], Begin, Set and Invalidate returns [ErrClosed], without
 // touching Redis. A Fill that Close aborted has given its lease back: its
 // Commit and Abort do nothing and return nil. Close is idempotent. It does

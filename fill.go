@@ -135,6 +135,7 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 	case a := <-ch:
 		return a.hit, a.fill, a.err
 	case <-ctx.Done():
+	case <-c.ctx.Done(): // Close: the lookup ends when its Redis call does
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -146,6 +147,9 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 		a.fill.yield()
 	default:
 		gone = true
+	}
+	if ctx.Err() == nil {
+		return nil, nil, ErrClosed
 	}
 	return nil, nil, ctx.Err()
 }

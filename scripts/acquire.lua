@@ -15,6 +15,17 @@
 --                     fence is the holder's, counter the key's fence counter
 --                     now (a value announced later with a lower fence is
 --                     older than a write the caller may have seen)
+-- Keys of the wrong type (foreign writes, corruption) would fail every
+-- call on this key until they expire: they are herd's own, so they are
+-- dropped and rebuilt. A dropped fence is seeded again from the clock.
+local lt = redis.call('TYPE', KEYS[1]).ok
+if lt ~= 'string' and lt ~= 'none' then
+  redis.call('DEL', KEYS[1])
+end
+local ft = redis.call('TYPE', KEYS[2]).ok
+if ft ~= 'hash' and ft ~= 'none' then
+  redis.call('DEL', KEYS[2])
+end
 local cur = redis.call('GET', KEYS[1])
 if cur then
   local mine = ARGV[1] .. ':'

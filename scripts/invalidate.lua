@@ -10,6 +10,11 @@ local done = redis.call('GET', KEYS[3])
 if done then
   return done
 end
+-- A fence key of the wrong type is dropped (see acquire.lua).
+local ft = redis.call('TYPE', KEYS[2]).ok
+if ft ~= 'hash' and ft ~= 'none' then
+  redis.call('DEL', KEYS[2])
+end
 -- The fence is max(counter + 1, the server's clock in µs), as in ACQUIRE.
 local t = redis.call('TIME')
 local n = math.max((tonumber(redis.call('HGET', KEYS[2], 'n')) or 0) + 1, t[1] * 1000000 + t[2])
