@@ -90,24 +90,33 @@ func TestClaimMaxAgeZeroNeverStored(t *testing.T) {
 // response whose Expires is in the past (or the invalid "0", which RFC
 // 9111 §5.3 says is in the past) has no freshness at all (§4.2.1), so a
 // must-revalidate response is stale at once and may not be served
-// without revalidation. With AllowAuthorized, must-revalidate lets a
+// without revalidation; so is a must-revalidate response whose Age (from
+// an upstream cache behind a proxying handler) exceeds its max-age
+// (§4.2.3). With AllowAuthorized, must-revalidate lets a
 // response to alice be stored (§3.5), and bob is served it.
 func TestClaimMustRevalidateNeverServedStale(t *testing.T) {
 	c, _ := newCache(t, nil)
 	opt := &Options{AllowAuthorized: true, TTL: time.Hour}
 	for _, rt := range secRouters {
-		for i, expires := range []string{"0", "Thu, 01 Jan 1970 00:00:00 GMT"} {
-			t.Run(fmt.Sprintf("%s/Expires %s", rt.name, expires), func(t *testing.T) {
+		for i, hdr := range [][]string{
+			{"Cache-Control", "must-revalidate", "Expires", "0"},
+			{"Cache-Control", "must-revalidate", "Expires", "Thu, 01 Jan 1970 00:00:00 GMT"},
+			// An upstream cache's response through a proxying handler: its
+			// Age (3600 s) is past its max-age (60 s), so it is stale.
+			{"Cache-Control", "max-age=60, must-revalidate", "Age", "3600"},
+		} {
+			t.Run(fmt.Sprintf("%s/%q", rt.name, hdr), func(t *testing.T) {
 				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-					w.Header().Set("Cache-Control", "must-revalidate")
-					w.Header().Set("Expires", expires)
+					for j := 0; j+1 < len(hdr); j += 2 {
+						w.Header().Set(hdr[j], hdr[j+1])
+					}
 					io.WriteString(w, "page of "+r.Header.Get("Authorization"))
 				})
 				srv, cl := secServe(t, rt.build(New(c, opt), h))
 				url := fmt.Sprintf("%s/expired/%d", srv.URL, i)
 				a := secGet(t, cl, url, "Authorization", "alice")
 				if bob := secGet(t, cl, url, "Authorization", "bob"); bob.body != "page of bob" {
-					t.Errorf("must-revalidate, Expires %q: bob got %v, want his own page (alice's: %v)", expires, bob, a)
+					t.Errorf("%q: bob got %v, want his own page (alice's: %v)", hdr, bob, a)
 				}
 			})
 		}
@@ -264,6 +273,47 @@ func TestClaimEveryHerdKeyHasTTL(t *testing.T) {
 				if ttl < 0 {
 					t.Errorf("Redis key %q has no TTL (%v): volatile-lru can never evict it", k, ttl)
 				}
+			}
+		})
+	}
+}
+
+// TestCPDoSWebSocketUpgrade attacks the threat model's CPDoS promise (no
+// attacker's response stored for a page others need) with an Upgrade
+// request. A GET with "Connection: Upgrade" and "Upgrade: websocket" is
+// neither bypassed nor keyed apart from a plain GET. A WebSocket endpoint
+// that answers a plain GET with a short page (a common fallback) has that
+// page stored by an attacker's plain GET, and then every WebSocket client
+// is served the stored 200 instead of its 101 Switching Protocols until
+// the TTL ends.
+func TestCPDoSWebSocketUpgrade(t *testing.T) {
+	c, _ := newCache(t, nil)
+	for _, rt := range secRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if !strings.EqualFold(r.Header.Get("Upgrade"), "websocket") {
+					io.WriteString(w, "this endpoint speaks WebSocket")
+					return
+				}
+				conn, rw, err := http.NewResponseController(w).Hijack()
+				if err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+					return
+				}
+				defer conn.Close()
+				rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+				rw.Flush()
+			})
+			srv, cl := secServe(t, rt.build(New(c, nil), h))
+			url := srv.URL + "/ws/" + rt.name
+			if a := secGet(t, cl, url); a.cacheStatus() != statusStored {
+				t.Fatalf("the attacker's plain GET: %v", a)
+			}
+			host := strings.TrimPrefix(srv.URL, "http://")
+			ws := secRaw(t, srv, "GET /ws/"+rt.name+" HTTP/1.1\r\nHost: "+host+
+				"\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==")
+			if ws.status != http.StatusSwitchingProtocols {
+				t.Errorf("a WebSocket handshake after the attacker's plain GET: %v, want 101", ws)
 			}
 		})
 	}
