@@ -242,7 +242,7 @@ func TestClaimHandlerVaryJudged(t *testing.T) {
 
 // TestClaimEveryHerdKeyHasTTL attacks security.md's bound on Redis
 // memory: "every herd key has a TTL" (so volatile-lru can evict any of
-// them). After a stored page, a not-stored page (302), a 404 and a
+// them) and a key's counter lives at most the fence TTL (24 h). After a stored page, a not-stored page (302), a 404 and a
 // failing handler, every key under the Cache's prefix must have a TTL.
 func TestClaimEveryHerdKeyHasTTL(t *testing.T) {
 	c, rdb := newCache(t, nil)
@@ -265,13 +265,20 @@ func TestClaimEveryHerdKeyHasTTL(t *testing.T) {
 				secGet(t, cl, srv.URL+p)
 			}
 			ctx := context.Background()
-			for _, k := range secScan(t, rdb, "herd*") {
+			keys := secScan(t, rdb, "herd*")
+			if len(keys) == 0 {
+				t.Fatal("no herd key in Redis after four requests")
+			}
+			for _, k := range keys {
 				ttl, err := rdb.PTTL(ctx, k).Result()
 				if err != nil {
 					t.Fatal(err)
 				}
 				if ttl < 0 {
 					t.Errorf("Redis key %q has no TTL (%v): volatile-lru can never evict it", k, ttl)
+				}
+				if ttl > 24*time.Hour {
+					t.Errorf("Redis key %q lives %v, above the documented 24 h bound of a fencing counter", k, ttl)
 				}
 			}
 		})
