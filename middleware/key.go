@@ -131,8 +131,9 @@ func writeHeader(b *strings.Builder, name string, values []string) {
 }
 
 // canonicalQuery sorts the raw query's parameters stably by name, decoded
-// as url.ParseQuery decodes it (the raw name when it does not decode), so
-// that parameters the handler sees under one name keep their order.
+// as url.ParseQuery decodes it (the raw name when it does not decode) and
+// folded as the backends that merge names do (mergeName), so that
+// parameters any of them sees under one name keep their order.
 func canonicalQuery(raw string) string {
 	if raw == "" {
 		return ""
@@ -144,7 +145,7 @@ func canonicalQuery(raw string) string {
 		if dec, err := url.QueryUnescape(name); err == nil {
 			name = dec
 		}
-		params = append(params, param{name, p})
+		params = append(params, param{mergeName(name), p})
 	}
 	slices.SortStableFunc(params, func(a, b param) int { return strings.Compare(a.name, b.name) })
 	var b strings.Builder
@@ -347,6 +348,32 @@ func forwardedKey(r *http.Request, names []string) string {
 		writeHeader(&b, name, vs)
 	}
 	return b.String()
+}
+
+// mergeName folds a decoded parameter name the way the backends that
+// merge names do: ASCII case (ASP.NET, and frameworks that look names up
+// case-insensitively), '.' and ' ' as '_' (PHP), and what follows a '['
+// (PHP's and Rails' a[x], a[]). Two parameters whose names fold alike are
+// never reordered, so a=1&A=2 and A=2&a=1 keep different keys: a handler
+// behind such a backend sees the values in different orders. Names that
+// do not fold alike are sorted as before. It allocates only for a name
+// that changes.
+func mergeName(name string) string {
+	if i := strings.IndexByte(name, '['); i >= 0 {
+		name = name[:i]
+	}
+	if !strings.ContainsFunc(name, func(c rune) bool { return ('A' <= c && c <= 'Z') || c == '.' || c == ' ' }) {
+		return name
+	}
+	return strings.Map(func(c rune) rune {
+		switch {
+		case 'A' <= c && c <= 'Z':
+			return c + 'a' - 'A'
+		case c == '.' || c == ' ':
+			return '_'
+		}
+		return c
+	}, name)
 }
 
 // forwardedWithoutFor drops the for= pairs from Forwarded values (RFC
