@@ -16,24 +16,35 @@
 //
 // Only GET and HEAD requests are looked up (HEAD is served from the GET
 // entry, without a body); other methods pass through untouched. Requests
-// bypass the cache when they carry Authorization, Cookie or a TLS client
-// certificate (unless [Options.AllowAuthorized] is set or that header is
-// part of the key), a body (of any length, in any protocol: an HTTP/2
-// GET with DATA frames too), a Range header, a method override
-// (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override), a key above
+// bypass the cache when they carry credentials: Authorization, Cookie, a
+// TLS client certificate, or an identity header that an authenticating
+// proxy sets (X-Forwarded-User, -Email, -Groups, -Access-Token,
+// -Client-Cert and any X-Forwarded-* naming a user, token or
+// certificate; X-Auth-Request-*, X-Amzn-Oidc-*, X-Ssl-Client-Cert, ...)
+// (unless [Options.AllowAuthorized] is set or that header is part of the
+// key); a body (of any length, in any protocol: an HTTP/2 GET with DATA
+// frames too), a Range header, a method override
+// (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override), a protocol
+// upgrade (Upgrade, or Connection: upgrade: WebSocket, h2c), a key above
 // [Options.MaxKeyBytes], or when KeyFunc says no; [Options.OnBypass]
 // counts them. A response is stored only if its status has a TTL (by
 // default 200 and 301 for TTL, 404 for a short NotFoundTTL; never 5xx or
 // 206), its body fits [Options.MaxBodyBytes], it carries none of
 // Set-Cookie, Set-Cookie2, Clear-Site-Data, Authentication-Info,
 // WWW-Authenticate or Proxy-Authenticate (under any case, with any
-// value), its Cache-Control is not private, no-store or no-cache and
-// gives no s-maxage or max-age of 0, every header the handler varies on
-// (Vary) is part of the key, and the handler neither flushed nor hijacked.
-// A must-revalidate or proxy-revalidate response is never served stale,
-// nor past the max-age it states. Hop-by-hop headers, the per-user fields
-// above, Date and Age are never stored; Date is regenerated and Age
-// computed when serving.
+// value, as a header or as a trailer: set through [http.TrailerPrefix]
+// or announced in the Trailer field), its Cache-Control is not private,
+// no-store or no-cache, it is not stale on arrival (RFC 9111 §4.2: an
+// s-maxage, else max-age, else Expires less Date, of 0 or less once the
+// Age it came with is taken off; an invalid Expires such as "0" is in the
+// past, and a directive given twice with different values is stale),
+// every header the handler varies on (Vary) is part of the key, and the
+// handler neither flushed nor hijacked. A must-revalidate or
+// proxy-revalidate response is never served stale, nor past the lifetime
+// it states less its Age. Hop-by-hop headers, the per-user fields above,
+// trailers, Date and Age are never stored as set; Date is regenerated,
+// and Age computed when serving: the Age the handler gave plus the time
+// herd held the response.
 //
 // # How waiting requests are served
 //
@@ -67,14 +78,20 @@
 //
 // # Security
 //
-// The key is scheme, host, the request target exactly as the server
-// received it (r.RequestURI: raw bytes, percent-encoding and an
+// The key is its scope ([Options.Scope]: by default the port of the
+// listener that accepted the request, so that an internal and a public
+// listener, each with its own handler on one Cache, never share an entry
+// whatever Host a client sends), scheme, host, the request target exactly
+// as the server received it (r.RequestURI: raw bytes, percent-encoding and an
 // absolute-form scheme and user info included) with its query's
-// parameters sorted, the URL the handler sees when a middleware rewrote
-// it (http.StripPrefix), [Options.KeyHeaders], and the forwarding headers
-// a request carries (X-Forwarded-Host and the like; see
-// [Options.IgnoreForwardedHeaders]). So two requests share an entry only
-// if every router and handler sees the same request: a raw "<" and its
+// parameters sorted (but never those whose names a backend may merge:
+// a and A, a.b and a_b, a[x] and a[y]), the URL the handler sees when a
+// middleware rewrote it (http.StripPrefix), [Options.KeyHeaders], and the
+// forwarding headers a request carries (every X-Forwarded-* but -For,
+// under any case and with '_' for '-', Forwarded, X-Original-URL and the
+// like, an HTTP/2 Host field beside :authority; see
+// [Options.IgnoreForwardedHeaders]). So two requests to one listener
+// share an entry only if every router and handler sees the same request: a raw "<" and its
 // %3C form, %2F and /, a raw byte and its escape never do, whatever the
 // router routes on. A request with a forged X-Forwarded-Host never shares
 // an entry with requests without it. A handler must not read other
@@ -83,7 +100,10 @@
 // on a header outside the key are not stored; a Vary an outer middleware
 // set before calling the handler (a CORS middleware's Vary: Origin) is
 // that middleware's, not the handler's, and does not count (list Origin
-// in KeyHeaders if the handler itself reads it). docs/security.md in the
+// in KeyHeaders if the handler itself reads it); a Vary the handler
+// writes is the handler's even when it equals the outer one (it is told
+// apart by identity: Header.Set replaces the field, Header.Add appends to
+// it). docs/security.md in the
 // repository has the threat model, each attack with its defence and test,
 // and the limits that remain.
 package middleware
@@ -140,7 +160,8 @@ type Options struct {
 	// KeyFunc, if set, replaces the default key (scheme, host, path,
 	// canonical query, KeyHeaders and forwarding headers); returning ok
 	// false bypasses the cache for the request. The key must include
-	// everything the response depends on.
+	// everything the response depends on. It is still prefixed with the
+	// Scope.
 	KeyFunc func(r *http.Request) (key string, ok bool)
 
 	// KeyHeaders are request headers that become part of the key, for
@@ -158,15 +179,17 @@ type Options struct {
 	// processes run the handler themselves. Default: 1 MiB.
 	MaxBodyBytes int
 
-	// RespectCacheControl takes a stored response's TTL from its
-	// s-maxage or max-age instead of StatusTTL. Without it, those only
-	// matter when they are 0 (never stored) or the response says
-	// must-revalidate or proxy-revalidate (the TTL is at most what they
-	// state).
+	// RespectCacheControl takes a stored response's TTL from the
+	// freshness it states (s-maxage, else max-age, else Expires less
+	// Date; less the Age it came with) instead of StatusTTL. Without it,
+	// that freshness only matters when it is 0 or less (stale on arrival:
+	// never stored) or the response says must-revalidate or
+	// proxy-revalidate (the TTL is at most what is left of it).
 	RespectCacheControl bool
 
-	// AllowAuthorized lets requests with Authorization, Cookie or a TLS
-	// client certificate use the cache. A response to a request with
+	// AllowAuthorized lets requests with credentials (Authorization,
+	// Cookie, a TLS client certificate, an identity header such as
+	// X-Forwarded-User or X-Forwarded-Client-Cert) use the cache. A response to a request with
 	// credentials that are not part of the key is then stored only if it
 	// says public, s-maxage or must-revalidate (RFC 9111 §3.5), and, like
 	// every response, not if its s-maxage or max-age is 0.
@@ -183,19 +206,23 @@ type Options struct {
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 
 	// IgnoreForwardedHeaders leaves the forwarding headers out of the
-	// key: Forwarded (without its for= parameters, when it parses as RFC
-	// 7239; a value that does not is keyed whole), Front-End-Https,
-	// X-Forwarded-Host, -Path, -Port, -Prefix, -Proto, -Scheme, -Server,
-	// -Ssl and -Uri, X-Host, X-Http-Host-Override, X-Original-Host,
-	// X-Original-URI, X-Original-URL, X-Rewrite-URL and X-Url-Scheme. By default each of
-	// them a request carries is part of its key, as if listed in
-	// KeyHeaders, so that a client forging one (the classic cache
-	// poisoning request) only ever gets its own entry; behind a proxy
-	// that sets them, every request carries the same values and shares
-	// entries as usual. Set it only if no handler behind the middleware
-	// reads them, or a proxy in front overwrites them on every request.
-	// X-Forwarded-For and X-Real-IP, which differ per client, are never
-	// keyed: a handler must not read them on a cached route.
+	// key. They are, compared under any case and with '_' taken as '-':
+	// every X-Forwarded-* (X-Forwarded-Host, -Proto, -Protocol, -Prefix,
+	// and any other) except X-Forwarded-For and the identity headers
+	// (which are credentials, see AllowAuthorized); Forwarded (without
+	// its for= parameters, when it parses as RFC 7239; a value that does
+	// not is keyed whole); Front-End-Https, X-Host, X-Http-Host-Override,
+	// X-Original-Host, X-Original-URI, X-Original-URL, X-Rewrite-URL and
+	// X-Url-Scheme; and a Host field in the Header of an HTTP/2 request
+	// (beside :authority, which is r.Host). By default each of them a
+	// request carries is part of its key, as if listed in KeyHeaders, so
+	// that a client forging one (the classic cache poisoning request) only
+	// ever gets its own entry; behind a proxy that sets them, every
+	// request carries the same values and shares entries as usual. Set it
+	// only if no handler behind the middleware reads them, or a proxy in
+	// front overwrites them on every request. X-Forwarded-For and
+	// X-Real-IP, which differ per client, are never keyed: a handler must
+	// not read them on a cached route.
 	IgnoreForwardedHeaders bool
 
 	// MaxKeyBytes bounds a request's key: a request whose target, host
@@ -245,7 +272,7 @@ const (
 	BypassMethodOverride = "method_override" // X-HTTP-Method-Override and the like
 	BypassBody           = "body"            // a request body, whatever the protocol
 	BypassRange          = "range"           // a Range header
-	BypassCredentials    = "credentials"     // Authorization, Cookie or a TLS client certificate outside the key
+	BypassCredentials    = "credentials"     // Authorization, Cookie, an identity header or a TLS client certificate outside the key
 	BypassKeyFunc        = "keyfunc"         // KeyFunc said no
 	BypassKeyTooLarge    = "key_too_large"   // the key would exceed MaxKeyBytes
 	BypassUpgrade        = "upgrade"         // Upgrade (WebSocket, h2c) or Connection: upgrade
