@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"bytes"
 	"net/http"
 	"net/url"
 	"slices"
@@ -211,6 +212,15 @@ var (
 	}
 )
 
+// identityWordBytes is identityWords as bytes.
+var identityWordBytes = func() [][]byte {
+	out := make([][]byte, len(identityWords))
+	for i, w := range identityWords {
+		out[i] = []byte(w)
+	}
+	return out
+}()
+
 // foldByte lowers an ASCII letter and maps '_' to '-'.
 func foldByte(c byte) byte {
 	switch {
@@ -256,12 +266,28 @@ func foldContains(name, word string) bool {
 func isIdentityHeader(name string) bool {
 	if foldHasPrefix(name, "x-forwarded-") {
 		rest := name[len("x-forwarded-"):]
-		for _, w := range identityWords {
-			if foldContains(rest, w) {
+		var buf [64]byte
+		if len(rest) > len(buf) {
+			for _, w := range identityWords {
+				if foldContains(rest, w) {
+					return true
+				}
+			}
+			return false
+		}
+		low := buf[:len(rest)]
+		for i := range len(rest) {
+			low[i] = foldByte(rest[i])
+		}
+		for _, w := range identityWordBytes {
+			if bytes.Contains(low, w) {
 				return true
 			}
 		}
 		return false
+	}
+	if c := foldByte(name[0]); c != 'x' && c != 'c' && c != 'p' && c != 'r' && c != 's' {
+		return false // what follows starts with one of these
 	}
 	for _, p := range identityPrefixes {
 		if foldHasPrefix(name, p) {
@@ -282,6 +308,9 @@ func isIdentityHeader(name string) bool {
 func isForwardingHeader(name string) bool {
 	if foldHasPrefix(name, "x-forwarded-") {
 		return !foldEqual(name, "x-forwarded-for") && !isIdentityHeader(name)
+	}
+	if c := foldByte(name[0]); c != 'f' && c != 'h' && c != 'x' {
+		return false // what follows starts with one of these
 	}
 	for _, n := range otherForwarding {
 		if foldEqual(name, n) {
@@ -315,10 +344,16 @@ func scanHeaders(r *http.Request, keyHeaders []string) requestHeaders {
 		if len(vs) == 0 || slices.Contains(keyHeaders, name) {
 			continue
 		}
+		if len(name) < 4 {
+			continue // no forwarding or identity header is that short
+		}
 		switch {
 		case isIdentityHeader(name):
 			rh.identity = true
 		case isForwardingHeader(name):
+			if rh.forwarding == nil {
+				rh.forwarding = make([]string, 0, 4)
+			}
 			rh.forwarding = append(rh.forwarding, name)
 		}
 	}
