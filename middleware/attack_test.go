@@ -403,8 +403,11 @@ func TestLeaderClientGoneFleet(t *testing.T) {
 				io.WriteString(w, "partial")
 				<-r.Context().Done()
 			})
-			srvA, clA := secServe(t, rt.build(New(c, nil), h))
-			_, clB := secServe(t, rt.build(New(c2, nil), h))
+			// Two instances of one service on different ports (of one
+			// host): they share entries through one Scope.
+			fleet := &Options{Scope: "gone-fleet"}
+			srvA, clA := secServe(t, rt.build(New(c, fleet), h))
+			_, clB := secServe(t, rt.build(New(c2, fleet), h))
 			url := "/gone/" + rt.name
 			const attackers = 8
 			cancels := map[string]context.CancelFunc{}

@@ -57,6 +57,11 @@ func TestMaxKeyBytesBypass(t *testing.T) {
 				{secNewReq(t, http.MethodGet, srv.URL+"/short", strings.NewReader("b")), BypassBody},
 				{secNewReq(t, http.MethodGet, srv.URL+"/short", nil, "Range", "bytes=0-1"), BypassRange},
 				{secNewReq(t, http.MethodGet, srv.URL+"/short", nil, "Cookie", "a=b"), BypassCredentials},
+				{secNewReq(t, http.MethodGet, srv.URL+"/short", nil, "X-Forwarded-User", "alice"), BypassCredentials},
+				{secNewReq(t, http.MethodGet, srv.URL+"/short", nil, "X-Forwarded-Client-Cert", "Hash=ab;Subject=\"CN=alice\""), BypassCredentials},
+				{secNewReq(t, http.MethodGet, srv.URL+"/short", nil, "Upgrade", "websocket", "Connection", "Upgrade"), BypassUpgrade},
+				{secNewReq(t, http.MethodGet, srv.URL+"/short", nil, "Upgrade", "h2c", "Connection", "Upgrade, HTTP2-Settings", "HTTP2-Settings", "AAMAAABkAAQCAAAAAAIAAAAA"), BypassUpgrade},
+				{secNewReq(t, http.MethodGet, srv.URL+"/short", nil, "Connection", "keep-alive, upgrade"), BypassUpgrade},
 			}
 			for i, s := range steps {
 				mu.Lock()

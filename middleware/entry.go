@@ -108,14 +108,46 @@ var perUser = []string{
 	"Www-Authenticate", "Proxy-Authenticate",
 }
 
-// isPerUser reports whether the field name, in any case, is in perUser.
+// isPerUser reports whether the field name, in any case, is in perUser,
+// as a header field or as a trailer set through net/http's TrailerPrefix
+// ("Trailer:Set-Cookie"), which net/http sends as that field in the
+// trailer section.
 func isPerUser(name string) bool {
+	name, _ = cutTrailerPrefix(name)
 	for _, p := range perUser {
 		if strings.EqualFold(name, p) {
 			return true
 		}
 	}
 	return false
+}
+
+// cutTrailerPrefix returns name without net/http's TrailerPrefix (in any
+// case), and whether it had it.
+func cutTrailerPrefix(name string) (string, bool) {
+	if n := len(http.TrailerPrefix); len(name) > n && strings.EqualFold(name[:n], http.TrailerPrefix) {
+		return name[n:], true
+	}
+	return name, false
+}
+
+// perUserField returns a per-user field the response header h carries or
+// announces as a trailer (the Trailer field, RFC 9110 §6.6.2, whose
+// values a handler sets in the header map after writing the body), or "".
+func perUserField(h http.Header) string {
+	for name := range h {
+		if isPerUser(name) {
+			return name
+		}
+	}
+	for _, v := range headerValues(h, "Trailer") {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); isPerUser(name) {
+				return "Trailer: " + name
+			}
+		}
+	}
+	return ""
 }
 
 // headerValues returns the values of the field name under any case of its
@@ -142,34 +174,84 @@ func headerGet(h http.Header, name string) string {
 	return ""
 }
 
+// headerSnapshot records the response header map as it was before the
+// handler ran (what outer middleware had set), by identity: each field's
+// slice, its length and its values. A value the handler wrote is the
+// handler's even when it equals what was there: Header.Set makes a new
+// slice, Header.Add appends to the one recorded (snapshotHeader leaves it
+// room to, so the append stays in place), and an in-place write changes a
+// recorded value. A nil snapshot records no field: all are the handler's.
+type headerSnapshot map[string]fieldSnap
+
+type fieldSnap struct {
+	first *string  // the slice's first element (of its capacity)
+	n     int      // its length
+	vals  []string // its values
+}
+
+// snapSpare is the room snapshotHeader leaves after each field's values:
+// a handler that appends more to one field (than 8 values) moves its
+// slice, and the whole field is then taken as the handler's (judged, and
+// stored).
+const snapSpare = 8
+
+// snapshotHeader gives each field of h a slice of its own with room to
+// append, and records it.
+func snapshotHeader(h http.Header) headerSnapshot {
+	s := make(headerSnapshot, len(h))
+	for k, vs := range h {
+		ns := make([]string, len(vs), len(vs)+snapSpare)
+		copy(ns, vs)
+		h[k] = ns
+		s[k] = fieldSnap{first: &ns[:1][0], n: len(vs), vals: slices.Clone(vs)}
+	}
+	return s
+}
+
+// handlerSet returns the values of field k (vs now) that the handler
+// wrote: none when it left the field as recorded, the ones it appended,
+// or all of them when it replaced the field or changed a value; touched
+// says whether it wrote any.
+func (s headerSnapshot) handlerSet(k string, vs []string) (set []string, touched bool) {
+	f, ok := s[k]
+	if !ok {
+		return vs, len(vs) > 0
+	}
+	if cap(vs) > 0 && &vs[:1][0] == f.first && len(vs) >= f.n && slices.Equal(vs[:f.n], f.vals) {
+		return vs[f.n:], len(vs) > f.n
+	}
+	return vs, true
+}
+
 // handlerValues returns the values of the field name (under any case)
-// that the handler set: all of them when it replaced what before held,
-// the ones it appended when it added to them, none when they are what
-// before held (an outer middleware's).
-func handlerValues(h, before http.Header, name string) []string {
+// that the handler wrote (see headerSnapshot): all of them when it
+// replaced the field, even with the same values, the ones it appended
+// when it added to them, none when they are what an outer middleware set.
+func handlerValues(h http.Header, before headerSnapshot, name string) []string {
 	var out []string
 	for k, vs := range h {
 		if !strings.EqualFold(k, name) {
 			continue
 		}
-		if b := before[k]; len(b) <= len(vs) && slices.Equal(vs[:len(b)], b) {
-			vs = vs[len(b):]
-		}
-		out = append(out, vs...)
+		set, _ := before.handlerSet(k, vs)
+		out = append(out, set...)
 	}
 	return out
 }
 
 // storedHeader returns the header fields of a response that may be
-// stored: those the handler set (fields whose values differ from before,
-// the snapshot taken before it ran, so that headers an outer middleware
-// set for this one request are not replayed to others), less hop-by-hop
-// fields, those recomputed on every response and the per-user ones,
-// under any case.
-func storedHeader(h, before http.Header) http.Header {
+// stored: those the handler wrote (see headerSnapshot; fields an outer
+// middleware set for this one request are not replayed to others), less
+// hop-by-hop fields, those recomputed on every response, the per-user
+// ones, under any case, and trailers set through net/http's
+// TrailerPrefix (a stored response is replayed without trailers).
+func storedHeader(h http.Header, before headerSnapshot) http.Header {
 	out := http.Header{}
 	for name, vs := range h {
-		if !slices.Equal(vs, before[name]) {
+		if _, trailer := cutTrailerPrefix(name); trailer {
+			continue
+		}
+		if _, touched := before.handlerSet(name, vs); touched {
 			out[name] = slices.Clone(vs)
 		}
 	}
@@ -194,6 +276,14 @@ func storedHeader(h, before http.Header) http.Header {
 // cacheControl is a parsed Cache-Control header.
 type cacheControl map[string]string
 
+// conflicting is the value of a directive given twice with different
+// arguments: it parses as no number, so a max-age or s-maxage given as 0
+// and 60 (on one line or two: the handler's and another layer's) makes
+// the response stale at once, never the later or the larger value. RFC
+// 9111 §4.2.1 lets a cache use the first or treat the response as stale;
+// herd does the safe one.
+const conflicting = "\x00conflicting"
+
 func parseCacheControl(h http.Header) cacheControl {
 	cc := cacheControl{}
 	for _, line := range headerValues(h, "Cache-Control") {
@@ -203,7 +293,12 @@ func parseCacheControl(h http.Header) cacheControl {
 				continue
 			}
 			name, val, _ := strings.Cut(d, "=")
-			cc[strings.ToLower(strings.TrimSpace(name))] = strings.Trim(strings.TrimSpace(val), `"`)
+			name = strings.ToLower(strings.TrimSpace(name))
+			val = strings.Trim(strings.TrimSpace(val), `"`)
+			if old, dup := cc[name]; dup && old != val {
+				val = conflicting
+			}
+			cc[name] = val
 		}
 	}
 	return cc
@@ -220,10 +315,68 @@ func (cc cacheControl) maxAge() (time.Duration, bool) {
 			if err != nil || secs < 0 {
 				return 0, true // unparsable: treat as 0, do not store
 			}
-			return time.Duration(min(secs, int64(365*24*time.Hour/time.Second))) * time.Second, true
+			return time.Duration(min(secs, int64(maxLifetime/time.Second))) * time.Second, true
 		}
 	}
 	return 0, false
+}
+
+// maxLifetime caps any lifetime or age herd reads from a response.
+const maxLifetime = 365 * 24 * time.Hour
+
+// freshness is what a response says of its own freshness (RFC 9111
+// §4.2): its freshness lifetime, whether it states one, and the Age it
+// already had when the handler passed it on (a proxying handler's
+// upstream cache).
+type freshness struct {
+	lifetime time.Duration // s-maxage, else max-age, else Expires - Date
+	stated   bool          // one of them is present
+	age      time.Duration // the Age field, 0 when absent or invalid
+}
+
+// remaining is how long the response is still fresh (<= 0: stale).
+func (f freshness) remaining() time.Duration { return f.lifetime - f.age }
+
+// responseFreshness reads h's freshness at now. s-maxage, then max-age,
+// take precedence over Expires (§5.3); an Expires that is invalid ("0"),
+// given twice with different values, or not after Date (the handler's,
+// else now) gives a lifetime of 0: stale at once. Age (§5.1) counts the
+// largest valid member of its values: when in doubt, older.
+func responseFreshness(h http.Header, cc cacheControl, now time.Time) freshness {
+	var f freshness
+	f.lifetime, f.stated = cc.maxAge()
+	if !f.stated {
+		if exp := headerValues(h, "Expires"); len(exp) > 0 {
+			f.stated = true
+			t, err := http.ParseTime(exp[0])
+			same := !slices.ContainsFunc(exp, func(v string) bool { return v != exp[0] })
+			if err == nil && same {
+				date := now
+				if d, err := http.ParseTime(headerGet(h, "Date")); err == nil {
+					date = d
+				}
+				f.lifetime = min(max(t.Sub(date), 0), maxLifetime)
+			}
+		}
+	}
+	for _, v := range headerValues(h, "Age") {
+		for m := range strings.SplitSeq(v, ",") {
+			if secs, err := strconv.ParseInt(strings.TrimSpace(m), 10, 64); err == nil && secs >= 0 {
+				f.age = max(f.age, time.Duration(min(secs, int64(maxLifetime/time.Second)))*time.Second)
+			}
+		}
+	}
+	return f
+}
+
+// storedAge is the Age an entry had when it was stored (see lead), 0 for
+// none.
+func storedAge(h http.Header) time.Duration {
+	secs, err := strconv.ParseInt(headerGet(h, "Age"), 10, 64)
+	if err != nil || secs <= 0 {
+		return 0
+	}
+	return time.Duration(min(secs, int64(maxLifetime/time.Second))) * time.Second
 }
 
 // etagOf is a strong validator for body.

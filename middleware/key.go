@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"bytes"
 	"net/http"
 	"net/url"
 	"slices"
@@ -8,7 +9,8 @@ import (
 	"strings"
 )
 
-// defaultKey builds the cache key of a request: scheme, host, the
+// defaultKey builds the cache key of a request: its scope (see
+// Options.Scope), scheme, host, the
 // request target as the server received it (its path and canonical
 // query), the URL as the handler sees it when that is not what the target
 // parses to, then the configured request headers. Every component is
@@ -31,15 +33,16 @@ import (
 //     parameters does not matter, but values, their order for a repeated
 //     name (a and %61 are one name) and their encoding do (a=%31 and a=1
 //     are different keys: when in doubt, do not share).
-func defaultKey(r *http.Request, headers []string) string {
+func defaultKey(r *http.Request, scope string, headers []string) string {
 	path, query, hasQuery := requestTarget(r)
 	var b strings.Builder
-	b.Grow(len(path) + len(query) + len(r.Host) + 48)
+	b.Grow(len(path) + len(query) + len(r.Host) + len(scope) + 56)
 	scheme := "http"
 	if r.TLS != nil {
 		scheme = "https"
 	}
-	b.WriteString("herd-http/2|")
+	b.WriteString("herd-http/3|")
+	writeField(&b, scope)
 	writeField(&b, scheme)
 	writeField(&b, r.Host)
 	writeField(&b, path)
@@ -129,8 +132,9 @@ func writeHeader(b *strings.Builder, name string, values []string) {
 }
 
 // canonicalQuery sorts the raw query's parameters stably by name, decoded
-// as url.ParseQuery decodes it (the raw name when it does not decode), so
-// that parameters the handler sees under one name keep their order.
+// as url.ParseQuery decodes it (the raw name when it does not decode) and
+// folded as the backends that merge names do (mergeName), so that
+// parameters any of them sees under one name keep their order.
 func canonicalQuery(raw string) string {
 	if raw == "" {
 		return ""
@@ -142,7 +146,7 @@ func canonicalQuery(raw string) string {
 		if dec, err := url.QueryUnescape(name); err == nil {
 			name = dec
 		}
-		params = append(params, param{name, p})
+		params = append(params, param{mergeName(name), p})
 	}
 	slices.SortStableFunc(params, func(a, b param) int { return strings.Compare(a.name, b.name) })
 	var b strings.Builder
@@ -156,32 +160,164 @@ func canonicalQuery(raw string) string {
 	return b.String()
 }
 
-// forwardedHeaders are the request headers through which a proxy, or a
-// client posing as one, tells the origin another host, scheme, port, path
-// prefix or URL than the request's own: the headers of the classic cache
-// poisoning, where a handler builds links from one of them and the first
-// requester's forged value is served to everyone. Unless
-// Options.IgnoreForwardedHeaders is set, those a request carries are part
-// of its key. Canonical forms, sorted.
-var forwardedHeaders = []string{
-	"Forwarded",
-	"Front-End-Https",
-	"X-Forwarded-Host",
-	"X-Forwarded-Path",
-	"X-Forwarded-Port",
-	"X-Forwarded-Prefix",
-	"X-Forwarded-Proto",
-	"X-Forwarded-Scheme",
-	"X-Forwarded-Server",
-	"X-Forwarded-Ssl",
-	"X-Forwarded-Uri",
-	"X-Host",
-	"X-Http-Host-Override",
-	"X-Original-Host",
-	"X-Original-Uri",
-	"X-Original-Url",
-	"X-Rewrite-Url",
-	"X-Url-Scheme",
+// The forwarding rule. A request header is a forwarding header, through
+// which a proxy (or a client posing as one) tells the origin another host,
+// scheme, port, path prefix or URL than the request's own, if its name,
+// compared case-insensitively and with '_' taken as '-' (as CGI, PHP,
+// Rack and WSGI servers do), is
+//
+//   - any X-Forwarded-* other than X-Forwarded-For (which differs per
+//     client) and the identity headers below: every one, not a list, so
+//     that X-Forwarded-Protocol (Echo), X-Forwarded-Prefix and whatever
+//     a framework invents next are keyed;
+//   - one of otherForwarding (Forwarded, X-Original-URL and the like);
+//   - Host: net/http removes it from an HTTP/1 request's Header, but an
+//     HTTP/2 request may carry a Host field beside :authority (r.Host),
+//     and a handler reading r.Header.Get("Host") reads that one.
+//
+// The classic cache poisoning is a handler building links from one of
+// them: unless Options.IgnoreForwardedHeaders is set, those a request
+// carries are part of its key, so the first requester's forged value is
+// only ever its own.
+var otherForwarding = []string{
+	"forwarded",
+	"front-end-https",
+	"host",
+	"x-host",
+	"x-http-host-override",
+	"x-original-host",
+	"x-original-uri",
+	"x-original-url",
+	"x-rewrite-url",
+	"x-url-scheme",
+}
+
+// Identity headers: what an authenticating proxy in front (oauth2-proxy,
+// Envoy's mTLS XFCC, Traefik, nginx, cloud load balancers and access
+// proxies) sets to tell the origin who the user is. A request carrying one
+// is a request with credentials, like Authorization: it bypasses the
+// cache unless Options.AllowAuthorized is set or the header is listed in
+// KeyHeaders (one entry per user). An X-Forwarded-* header is an identity
+// header when its name holds one of identityWords (X-Forwarded-User,
+// -Email, -Preferred-Username, -Groups, -Access-Token, -Client-Cert,
+// -Tls-Client-Cert-Info, ...); other names are in identityHeaders or start
+// with one of identityPrefixes. All lower case, '_' as '-'.
+var (
+	identityWords    = []string{"user", "email", "group", "token", "cert", "jwt", "principal", "identity", "session", "login", "subject"}
+	identityPrefixes = []string{"x-auth-request-", "x-amzn-oidc-", "x-goog-authenticated-user-", "x-ms-client-principal", "x-ms-token-"}
+	identityHeaders  = []string{
+		"cf-access-jwt-assertion", "proxy-authorization", "remote-user", "ssl-client-cert",
+		"x-client-cert", "x-goog-iap-jwt-assertion", "x-pomerium-jwt-assertion",
+		"x-remote-user", "x-ssl-client-cert", "x-ssl-client-dn", "x-ssl-client-s-dn",
+	}
+)
+
+// identityWordBytes is identityWords as bytes.
+var identityWordBytes = func() [][]byte {
+	out := make([][]byte, len(identityWords))
+	for i, w := range identityWords {
+		out[i] = []byte(w)
+	}
+	return out
+}()
+
+// foldByte lowers an ASCII letter and maps '_' to '-'.
+func foldByte(c byte) byte {
+	switch {
+	case 'A' <= c && c <= 'Z':
+		return c + 'a' - 'A'
+	case c == '_':
+		return '-'
+	}
+	return c
+}
+
+// foldEqual reports whether name equals want (lower case, '-') under
+// foldByte, without allocating.
+func foldEqual(name, want string) bool {
+	if len(name) != len(want) {
+		return false
+	}
+	for i := range len(name) {
+		if foldByte(name[i]) != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// foldHasPrefix is strings.HasPrefix under foldByte.
+func foldHasPrefix(name, prefix string) bool {
+	return len(name) >= len(prefix) && foldEqual(name[:len(prefix)], prefix)
+}
+
+// foldContains is strings.Contains under foldByte.
+func foldContains(name, word string) bool {
+	for i := 0; i+len(word) <= len(name); i++ {
+		if foldEqual(name[i:i+len(word)], word) {
+			return true
+		}
+	}
+	return false
+}
+
+// isIdentityHeader reports whether the request header name is an
+// identity header (see identityHeaders).
+func isIdentityHeader(name string) bool {
+	if foldHasPrefix(name, "x-forwarded-") {
+		rest := name[len("x-forwarded-"):]
+		var buf [64]byte
+		if len(rest) > len(buf) {
+			for _, w := range identityWords {
+				if foldContains(rest, w) {
+					return true
+				}
+			}
+			return false
+		}
+		low := buf[:len(rest)]
+		for i := range len(rest) {
+			low[i] = foldByte(rest[i])
+		}
+		for _, w := range identityWordBytes {
+			if bytes.Contains(low, w) {
+				return true
+			}
+		}
+		return false
+	}
+	if c := foldByte(name[0]); c != 'x' && c != 'c' && c != 'p' && c != 'r' && c != 's' {
+		return false // what follows starts with one of these
+	}
+	for _, p := range identityPrefixes {
+		if foldHasPrefix(name, p) {
+			return true
+		}
+	}
+	for _, n := range identityHeaders {
+		if foldEqual(name, n) {
+			return true
+		}
+	}
+	return false
+}
+
+// isForwardingHeader reports whether the request header name is a
+// forwarding header (see otherForwarding). Forwarded is one, although
+// its for= parameters are not keyed.
+func isForwardingHeader(name string) bool {
+	if foldHasPrefix(name, "x-forwarded-") {
+		return !foldEqual(name, "x-forwarded-for") && !isIdentityHeader(name)
+	}
+	if c := foldByte(name[0]); c != 'f' && c != 'h' && c != 'x' {
+		return false // what follows starts with one of these
+	}
+	for _, n := range otherForwarding {
+		if foldEqual(name, n) {
+			return true
+		}
+	}
+	return false
 }
 
 // methodOverrideHeaders turn a request into another method in the
@@ -193,21 +329,49 @@ var methodOverrideHeaders = []string{
 	"X-Method-Override",
 }
 
-// forwardedKey returns what the forwarding headers r carries add to its
-// key: "" when it carries none (or only those in keyHeaders, which
-// defaultKey has keyed). It is appended to defaultKey's key, whose own
-// length prefixes fix where it ends, so the whole key stays injective.
-// The for= parameters of Forwarded are left out: they carry the client's
-// address, a different one for every client, like X-Forwarded-For, which
-// is not keyed either.
-func forwardedKey(r *http.Request, keyHeaders []string) string {
-	var b strings.Builder
-	for _, name := range forwardedHeaders {
-		vs := r.Header.Values(name)
+// requestHeaders is what one pass over a request's header names finds:
+// the forwarding headers it carries that are not in KeyHeaders (sorted)
+// and the identity headers that are not.
+type requestHeaders struct {
+	forwarding []string
+	identity   bool
+}
+
+// scanHeaders reads r's header names once. keyHeaders are canonical.
+func scanHeaders(r *http.Request, keyHeaders []string) requestHeaders {
+	var rh requestHeaders
+	for name, vs := range r.Header {
 		if len(vs) == 0 || slices.Contains(keyHeaders, name) {
 			continue
 		}
-		if name == "Forwarded" {
+		if len(name) < 4 {
+			continue // no forwarding or identity header is that short
+		}
+		switch {
+		case isIdentityHeader(name):
+			rh.identity = true
+		case isForwardingHeader(name):
+			if rh.forwarding == nil {
+				rh.forwarding = make([]string, 0, 4)
+			}
+			rh.forwarding = append(rh.forwarding, name)
+		}
+	}
+	slices.Sort(rh.forwarding)
+	return rh
+}
+
+// forwardedKey returns what the forwarding headers add to a request's
+// key: "" when it carries none. It is appended to defaultKey's key, whose
+// own length prefixes fix where it ends, so the whole key stays
+// injective. The for= parameters of Forwarded are left out: they carry
+// the client's address, a different one for every client, like
+// X-Forwarded-For, which is not keyed either.
+func forwardedKey(r *http.Request, names []string) string {
+	var b strings.Builder
+	for _, name := range names {
+		vs := r.Header[name]
+		if foldEqual(name, "forwarded") {
 			vs = forwardedWithoutFor(vs)
 			if len(vs) == 0 {
 				continue
@@ -219,6 +383,32 @@ func forwardedKey(r *http.Request, keyHeaders []string) string {
 		writeHeader(&b, name, vs)
 	}
 	return b.String()
+}
+
+// mergeName folds a decoded parameter name the way the backends that
+// merge names do: ASCII case (ASP.NET, and frameworks that look names up
+// case-insensitively), '.' and ' ' as '_' (PHP), and what follows a '['
+// (PHP's and Rails' a[x], a[]). Two parameters whose names fold alike are
+// never reordered, so a=1&A=2 and A=2&a=1 keep different keys: a handler
+// behind such a backend sees the values in different orders. Names that
+// do not fold alike are sorted as before. It allocates only for a name
+// that changes.
+func mergeName(name string) string {
+	if i := strings.IndexByte(name, '['); i >= 0 {
+		name = name[:i]
+	}
+	if !strings.ContainsFunc(name, func(c rune) bool { return ('A' <= c && c <= 'Z') || c == '.' || c == ' ' }) {
+		return name
+	}
+	return strings.Map(func(c rune) rune {
+		switch {
+		case 'A' <= c && c <= 'Z':
+			return c + 'a' - 'A'
+		case c == '.' || c == ' ':
+			return '_'
+		}
+		return c
+	}, name)
 }
 
 // forwardedWithoutFor drops the for= pairs from Forwarded values (RFC

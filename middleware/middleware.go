@@ -16,24 +16,35 @@
 //
 // Only GET and HEAD requests are looked up (HEAD is served from the GET
 // entry, without a body); other methods pass through untouched. Requests
-// bypass the cache when they carry Authorization, Cookie or a TLS client
-// certificate (unless [Options.AllowAuthorized] is set or that header is
-// part of the key), a body (of any length, in any protocol: an HTTP/2
-// GET with DATA frames too), a Range header, a method override
-// (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override), a key above
+// bypass the cache when they carry credentials: Authorization, Cookie, a
+// TLS client certificate, or an identity header that an authenticating
+// proxy sets (X-Forwarded-User, -Email, -Groups, -Access-Token,
+// -Client-Cert and any X-Forwarded-* naming a user, token or
+// certificate; X-Auth-Request-*, X-Amzn-Oidc-*, X-Ssl-Client-Cert, ...)
+// (unless [Options.AllowAuthorized] is set or that header is part of the
+// key); a body (of any length, in any protocol: an HTTP/2 GET with DATA
+// frames too), a Range header, a method override
+// (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override), a protocol
+// upgrade (Upgrade, or Connection: upgrade: WebSocket, h2c), a key above
 // [Options.MaxKeyBytes], or when KeyFunc says no; [Options.OnBypass]
 // counts them. A response is stored only if its status has a TTL (by
 // default 200 and 301 for TTL, 404 for a short NotFoundTTL; never 5xx or
 // 206), its body fits [Options.MaxBodyBytes], it carries none of
 // Set-Cookie, Set-Cookie2, Clear-Site-Data, Authentication-Info,
 // WWW-Authenticate or Proxy-Authenticate (under any case, with any
-// value), its Cache-Control is not private, no-store or no-cache and
-// gives no s-maxage or max-age of 0, every header the handler varies on
-// (Vary) is part of the key, and the handler neither flushed nor hijacked.
-// A must-revalidate or proxy-revalidate response is never served stale,
-// nor past the max-age it states. Hop-by-hop headers, the per-user fields
-// above, Date and Age are never stored; Date is regenerated and Age
-// computed when serving.
+// value, as a header or as a trailer: set through [http.TrailerPrefix]
+// or announced in the Trailer field), its Cache-Control is not private,
+// no-store or no-cache, it is not stale on arrival (RFC 9111 §4.2: an
+// s-maxage, else max-age, else Expires less Date, of 0 or less once the
+// Age it came with is taken off; an invalid Expires such as "0" is in the
+// past, and a directive given twice with different values is stale),
+// every header the handler varies on (Vary) is part of the key, and the
+// handler neither flushed nor hijacked. A must-revalidate or
+// proxy-revalidate response is never served stale, nor past the lifetime
+// it states less its Age. Hop-by-hop headers, the per-user fields above,
+// trailers, Date and Age are never stored as set; Date is regenerated,
+// and Age computed when serving: the Age the handler gave plus the time
+// herd held the response.
 //
 // # How waiting requests are served
 //
@@ -67,14 +78,20 @@
 //
 // # Security
 //
-// The key is scheme, host, the request target exactly as the server
-// received it (r.RequestURI: raw bytes, percent-encoding and an
+// The key is its scope ([Options.Scope]: by default the port of the
+// listener that accepted the request, so that an internal and a public
+// listener, each with its own handler on one Cache, never share an entry
+// whatever Host a client sends), scheme, host, the request target exactly
+// as the server received it (r.RequestURI: raw bytes, percent-encoding and an
 // absolute-form scheme and user info included) with its query's
-// parameters sorted, the URL the handler sees when a middleware rewrote
-// it (http.StripPrefix), [Options.KeyHeaders], and the forwarding headers
-// a request carries (X-Forwarded-Host and the like; see
-// [Options.IgnoreForwardedHeaders]). So two requests share an entry only
-// if every router and handler sees the same request: a raw "<" and its
+// parameters sorted (but never those whose names a backend may merge:
+// a and A, a.b and a_b, a[x] and a[y]), the URL the handler sees when a
+// middleware rewrote it (http.StripPrefix), [Options.KeyHeaders], and the
+// forwarding headers a request carries (every X-Forwarded-* but -For,
+// under any case and with '_' for '-', Forwarded, X-Original-URL and the
+// like, an HTTP/2 Host field beside :authority; see
+// [Options.IgnoreForwardedHeaders]). So two requests to one listener
+// share an entry only if every router and handler sees the same request: a raw "<" and its
 // %3C form, %2F and /, a raw byte and its escape never do, whatever the
 // router routes on. A request with a forged X-Forwarded-Host never shares
 // an entry with requests without it. A handler must not read other
@@ -83,7 +100,10 @@
 // on a header outside the key are not stored; a Vary an outer middleware
 // set before calling the handler (a CORS middleware's Vary: Origin) is
 // that middleware's, not the handler's, and does not count (list Origin
-// in KeyHeaders if the handler itself reads it). docs/security.md in the
+// in KeyHeaders if the handler itself reads it); a Vary the handler
+// writes is the handler's even when it equals the outer one (it is told
+// apart by identity: Header.Set replaces the field, Header.Add appends to
+// it). docs/security.md in the
 // repository has the threat model, each attack with its defence and test,
 // and the limits that remain.
 package middleware
@@ -93,6 +113,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/textproto"
 	"runtime/debug"
@@ -139,7 +160,8 @@ type Options struct {
 	// KeyFunc, if set, replaces the default key (scheme, host, path,
 	// canonical query, KeyHeaders and forwarding headers); returning ok
 	// false bypasses the cache for the request. The key must include
-	// everything the response depends on.
+	// everything the response depends on. It is still prefixed with the
+	// Scope.
 	KeyFunc func(r *http.Request) (key string, ok bool)
 
 	// KeyHeaders are request headers that become part of the key, for
@@ -157,15 +179,17 @@ type Options struct {
 	// processes run the handler themselves. Default: 1 MiB.
 	MaxBodyBytes int
 
-	// RespectCacheControl takes a stored response's TTL from its
-	// s-maxage or max-age instead of StatusTTL. Without it, those only
-	// matter when they are 0 (never stored) or the response says
-	// must-revalidate or proxy-revalidate (the TTL is at most what they
-	// state).
+	// RespectCacheControl takes a stored response's TTL from the
+	// freshness it states (s-maxage, else max-age, else Expires less
+	// Date; less the Age it came with) instead of StatusTTL. Without it,
+	// that freshness only matters when it is 0 or less (stale on arrival:
+	// never stored) or the response says must-revalidate or
+	// proxy-revalidate (the TTL is at most what is left of it).
 	RespectCacheControl bool
 
-	// AllowAuthorized lets requests with Authorization, Cookie or a TLS
-	// client certificate use the cache. A response to a request with
+	// AllowAuthorized lets requests with credentials (Authorization,
+	// Cookie, a TLS client certificate, an identity header such as
+	// X-Forwarded-User or X-Forwarded-Client-Cert) use the cache. A response to a request with
 	// credentials that are not part of the key is then stored only if it
 	// says public, s-maxage or must-revalidate (RFC 9111 §3.5), and, like
 	// every response, not if its s-maxage or max-age is 0.
@@ -182,19 +206,23 @@ type Options struct {
 	ErrorHandler func(w http.ResponseWriter, r *http.Request, err error)
 
 	// IgnoreForwardedHeaders leaves the forwarding headers out of the
-	// key: Forwarded (without its for= parameters, when it parses as RFC
-	// 7239; a value that does not is keyed whole), Front-End-Https,
-	// X-Forwarded-Host, -Path, -Port, -Prefix, -Proto, -Scheme, -Server,
-	// -Ssl and -Uri, X-Host, X-Http-Host-Override, X-Original-Host,
-	// X-Original-URI, X-Original-URL, X-Rewrite-URL and X-Url-Scheme. By default each of
-	// them a request carries is part of its key, as if listed in
-	// KeyHeaders, so that a client forging one (the classic cache
-	// poisoning request) only ever gets its own entry; behind a proxy
-	// that sets them, every request carries the same values and shares
-	// entries as usual. Set it only if no handler behind the middleware
-	// reads them, or a proxy in front overwrites them on every request.
-	// X-Forwarded-For and X-Real-IP, which differ per client, are never
-	// keyed: a handler must not read them on a cached route.
+	// key. They are, compared under any case and with '_' taken as '-':
+	// every X-Forwarded-* (X-Forwarded-Host, -Proto, -Protocol, -Prefix,
+	// and any other) except X-Forwarded-For and the identity headers
+	// (which are credentials, see AllowAuthorized); Forwarded (without
+	// its for= parameters, when it parses as RFC 7239; a value that does
+	// not is keyed whole); Front-End-Https, X-Host, X-Http-Host-Override,
+	// X-Original-Host, X-Original-URI, X-Original-URL, X-Rewrite-URL and
+	// X-Url-Scheme; and a Host field in the Header of an HTTP/2 request
+	// (beside :authority, which is r.Host). By default each of them a
+	// request carries is part of its key, as if listed in KeyHeaders, so
+	// that a client forging one (the classic cache poisoning request) only
+	// ever gets its own entry; behind a proxy that sets them, every
+	// request carries the same values and shares entries as usual. Set it
+	// only if no handler behind the middleware reads them, or a proxy in
+	// front overwrites them on every request. X-Forwarded-For and
+	// X-Real-IP, which differ per client, are never keyed: a handler must
+	// not read them on a cached route.
 	IgnoreForwardedHeaders bool
 
 	// MaxKeyBytes bounds a request's key: a request whose target, host
@@ -213,6 +241,26 @@ type Options struct {
 	// request's goroutine and must be fast.
 	OnBypass func(r *http.Request, reason string)
 
+	// Scope is the key namespace of this middleware: two requests share
+	// an entry only if their scopes are equal. Two handlers that answer
+	// the same host and target differently (an internal listener and a
+	// public one, each with its own New on one Cache) must have different
+	// scopes, because the Host a request carries is what the client
+	// chooses. The default ("") derives the scope from the listener that
+	// accepted the connection: its port (http.LocalAddrContextKey; for a
+	// Unix socket, its path). The instances of a service that listen on
+	// the same port (containers, pods, one port per service) share
+	// entries; listeners on different ports never do. Set Scope, to the
+	// same value in every instance of the service, when its instances
+	// listen on different ports (several processes on one host, a
+	// platform that picks a port per process): otherwise they do not
+	// share entries, nor collapse each other's rebuilds. Give distinct
+	// values to listeners that serve different content on the same port
+	// of different addresses (an internal interface and a public one).
+	// A request with no local address (built in process) has the empty
+	// derived scope. It applies to KeyFunc's keys too. At most 256 bytes.
+	Scope string
+
 	// Logger receives store decisions (debug) and failures (warn).
 	// Default: silent.
 	Logger *slog.Logger
@@ -224,9 +272,10 @@ const (
 	BypassMethodOverride = "method_override" // X-HTTP-Method-Override and the like
 	BypassBody           = "body"            // a request body, whatever the protocol
 	BypassRange          = "range"           // a Range header
-	BypassCredentials    = "credentials"     // Authorization, Cookie or a TLS client certificate outside the key
+	BypassCredentials    = "credentials"     // Authorization, Cookie, an identity header or a TLS client certificate outside the key
 	BypassKeyFunc        = "keyfunc"         // KeyFunc said no
 	BypassKeyTooLarge    = "key_too_large"   // the key would exceed MaxKeyBytes
+	BypassUpgrade        = "upgrade"         // Upgrade (WebSocket, h2c) or Connection: upgrade
 )
 
 type config struct {
@@ -266,6 +315,9 @@ func (o *Options) resolve() config {
 	}
 	if c.MaxKeyBytes == 0 {
 		c.MaxKeyBytes = 8 << 10
+	}
+	if len(c.Scope) > 256 {
+		panic(fmt.Sprintf("herd/middleware: Options.Scope is %d bytes, above 256", len(c.Scope)))
 	}
 	if c.StatusTTL == nil {
 		c.StatusTTL = map[int]time.Duration{200: c.TTL, 301: c.TTL, 404: c.NotFoundTTL}
@@ -394,7 +446,11 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	if len(r.Header.Values("Range")) > 0 {
 		return "", BypassRange
 	}
-	if !h.cfg.AllowAuthorized && h.unkeyedCredentials(r) {
+	if isUpgrade(r) {
+		return "", BypassUpgrade
+	}
+	rh := h.scanHeaders(r)
+	if !h.cfg.AllowAuthorized && h.unkeyedCredentials(r, rh) {
 		return "", BypassCredentials
 	}
 	limit := h.cfg.MaxKeyBytes
@@ -406,14 +462,18 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 		case len(k) > limit:
 			return "", BypassKeyTooLarge
 		}
-		return "herd-http/custom|" + k, ""
+		var b strings.Builder
+		b.WriteString("herd-http/custom2|")
+		writeField(&b, h.scope(r))
+		b.WriteString(k)
+		return b.String(), ""
 	}
 	if targetLen(r)+len(r.Host) > limit {
 		return "", BypassKeyTooLarge // before any work on the query
 	}
-	k := defaultKey(r, h.cfg.keyHeaders)
+	k := defaultKey(r, h.scope(r), h.cfg.keyHeaders)
 	if !h.cfg.IgnoreForwardedHeaders {
-		k += forwardedKey(r, h.cfg.keyHeaders)
+		k += forwardedKey(r, rh.forwarding)
 	}
 	if len(k) > limit {
 		return "", BypassKeyTooLarge
@@ -421,13 +481,56 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	return k, ""
 }
 
-// unkeyedCredentials reports whether r carries Authorization or Cookie
-// that is not part of its key, or a TLS client certificate (mTLS), which
-// never is.
-func (h *handler) unkeyedCredentials(r *http.Request) bool {
+// unkeyedCredentials reports whether r carries Authorization, Cookie or
+// an identity header (X-Forwarded-User, X-Forwarded-Client-Cert and the
+// like; see isIdentityHeader) that is not part of its key, or a TLS
+// client certificate (mTLS), which never is. rh is r's scanHeaders.
+func (h *handler) unkeyedCredentials(r *http.Request, rh requestHeaders) bool {
 	return (!h.cfg.authKeyed && len(r.Header.Values("Authorization")) > 0) ||
 		(!h.cfg.cookieKeyed && len(r.Header.Values("Cookie")) > 0) ||
+		rh.identity ||
 		(r.TLS != nil && len(r.TLS.PeerCertificates) > 0)
+}
+
+// scanHeaders is scanHeaders(r, KeyHeaders): with KeyFunc, KeyHeaders are
+// not part of the key.
+func (h *handler) scanHeaders(r *http.Request) requestHeaders {
+	if h.cfg.KeyFunc != nil {
+		return scanHeaders(r, nil)
+	}
+	return scanHeaders(r, h.cfg.keyHeaders)
+}
+
+// scope is r's key namespace (see Options.Scope): the configured one, or
+// the port of the listener that accepted r's connection.
+func (h *handler) scope(r *http.Request) string {
+	if h.cfg.Scope != "" {
+		return "=" + h.cfg.Scope
+	}
+	switch a := r.Context().Value(http.LocalAddrContextKey).(type) {
+	case *net.TCPAddr:
+		return "port:" + strconv.Itoa(a.Port)
+	case net.Addr:
+		return a.Network() + ":" + a.String()
+	}
+	return ""
+}
+
+// isUpgrade reports whether r asks to switch protocols (RFC 9110 §7.8):
+// a WebSocket handshake, h2c. Its answer is a 101 and a connection, never
+// a page to share, and a plain GET's page must not answer it.
+func isUpgrade(r *http.Request) bool {
+	if len(r.Header.Values("Upgrade")) > 0 {
+		return true
+	}
+	for _, v := range r.Header.Values("Connection") {
+		for tok := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // serveHit writes a stored response.
@@ -460,12 +563,13 @@ func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit
 func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status string, age time.Duration) {
 	dst := w.Header()
 	for name, vs := range e.header {
-		if isPerUser(name) {
+		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) {
 			continue // never replayed, even from an entry stored before this rule
 		}
 		dst[name] = slices.Clone(vs)
 	}
 	dst.Set("Cache-Status", status)
+	age += storedAge(e.header) // the Age it had when it was stored
 	dst.Set("Age", strconv.FormatInt(int64(age/time.Second), 10))
 	if code := precondition(r, e); code != 0 {
 		for _, f := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
@@ -512,7 +616,7 @@ func withoutConditionals(r *http.Request) *http.Request {
 func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) {
 	head := r.Method == http.MethodHead
 	req := withoutConditionals(r)
-	before := w.Header().Clone()
+	before := snapshotHeader(w.Header())
 	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
 	cw.onPassthrough = func() {
 		// Release the waiters now, not when a stream (maybe endless) ends.
@@ -543,6 +647,7 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 	}
 	e := &entry{status: cw.finalStatus(), header: storedHeader(w.Header(), before), body: cw.buf.Bytes()}
 	v := h.decide(r, e, w.Header(), before)
+	setStoredAge(e, v)
 	switch {
 	case r.Context().Err() != nil:
 		// Maybe a partial body: never stored. The client's going away is
@@ -584,18 +689,25 @@ type verdict struct {
 	staleFor time.Duration // how long it may be served stale after ttl
 	shared   bool          // the requests waiting for it may take it
 	why      string        // why it is not stored
+	age      time.Duration // the Age the handler gave it
+}
+
+// setStoredAge records in e the Age the handler gave it, which the Age of
+// each response served from it includes (RFC 9111 §4.2.3).
+func setStoredAge(e *entry, v verdict) {
+	if v.age > 0 {
+		e.header["Age"] = []string{strconv.FormatInt(int64(v.age/time.Second), 10)}
+	}
 }
 
 // decide says how long e may be stored and served stale, whether it may
 // be shared with the requests waiting for it, and why not. full is the
 // response's header map, before its snapshot before the handler ran: Vary
-// is judged on what the handler added, not on what an outer middleware
+// is judged on what the handler wrote, not on what an outer middleware
 // set for every response (CORS's Vary: Origin).
-func (h *handler) decide(r *http.Request, e *entry, full, before http.Header) verdict {
-	for name := range full {
-		if isPerUser(name) {
-			return verdict{why: "sets " + name + ", which is per user"}
-		}
+func (h *handler) decide(r *http.Request, e *entry, full http.Header, before headerSnapshot) verdict {
+	if name := perUserField(full); name != "" {
+		return verdict{why: "sets " + name + ", which is per user"}
 	}
 	cc := parseCacheControl(full)
 	if cc.has("private") || cc.has("no-store") || cc.has("no-cache") {
@@ -612,31 +724,35 @@ func (h *handler) decide(r *http.Request, e *entry, full, before http.Header) ve
 			}
 		}
 	}
-	if h.unkeyedCredentials(r) && !(cc.has("public") || cc.has("s-maxage") || cc.has("must-revalidate")) {
+	if h.unkeyedCredentials(r, h.scanHeaders(r)) && !(cc.has("public") || cc.has("s-maxage") || cc.has("must-revalidate")) {
 		return verdict{why: "a response to a request with credentials outside the key, without public, s-maxage or must-revalidate"}
 	}
 	ttl, ok := h.cfg.StatusTTL[e.status]
 	if !ok {
 		return verdict{shared: e.status >= 500, why: "status " + strconv.Itoa(e.status) + " is not cached"}
 	}
-	lifetime, stated := cc.maxAge()
-	if stated && lifetime <= 0 {
-		// Stale at once (RFC 9111 §4.2): it could only be served after a
-		// revalidation, which herd does not do.
-		return verdict{why: "s-maxage or max-age is 0"}
+	f := responseFreshness(full, cc, time.Now())
+	left := f.remaining()
+	if f.stated && left <= 0 {
+		// Stale at once (RFC 9111 §4.2): s-maxage, max-age or Expires of
+		// 0 or past, given twice with different values, or an Age past
+		// it. It could only be served after a revalidation, which herd
+		// does not do.
+		return verdict{why: "stale on arrival (s-maxage, max-age or Expires, less Age)"}
 	}
-	if h.cfg.RespectCacheControl && stated {
-		ttl = lifetime
+	if h.cfg.RespectCacheControl && f.stated {
+		ttl = left
 	}
 	staleFor := h.cfg.StaleFor
 	if cc.has("must-revalidate") || cc.has("proxy-revalidate") {
-		// Never served stale, nor past the lifetime it states (§5.2.2.2).
+		// Never served stale, nor past the lifetime it states, less the
+		// Age it came with (§5.2.2.2, §4.2.3).
 		staleFor = 0
-		if stated {
-			ttl = min(ttl, lifetime)
+		if f.stated {
+			ttl = min(ttl, left)
 		}
 	}
-	return verdict{ttl: ttl, staleFor: staleFor, shared: true}
+	return verdict{ttl: ttl, staleFor: staleFor, shared: true, age: f.age}
 }
 
 // keyed reports whether the request header name (canonical) is part of
@@ -646,7 +762,7 @@ func (h *handler) keyed(name string) bool {
 	if h.cfg.KeyFunc == nil && slices.Contains(h.cfg.keyHeaders, name) {
 		return true // with KeyFunc, KeyHeaders are not part of the key
 	}
-	return h.cfg.KeyFunc == nil && !h.cfg.IgnoreForwardedHeaders && name != "Forwarded" && slices.Contains(forwardedHeaders, name)
+	return h.cfg.KeyFunc == nil && !h.cfg.IgnoreForwardedHeaders && name != "Forwarded" && isForwardingHeader(name)
 }
 
 // refresher returns what a stale hit refreshes with: when herd starts a
@@ -702,6 +818,7 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	}
 	e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
 	v := h.decide(req, e, cw.header, nil)
+	setStoredAge(e, v)
 	if v.ttl <= 0 {
 		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", v.why)
 	}

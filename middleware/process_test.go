@@ -403,7 +403,9 @@ func xpChiServer() error {
 	r.Get("/ping", func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(20 * time.Millisecond) // keep the connections of a warm-up busy at once
 	})
-	r.With(New(cache, nil)).Get("/items/{id}", func(w http.ResponseWriter, r *http.Request) {
+	// The workers listen on different ports of one host: one Scope makes
+	// them one service (the default scope is the listener's port).
+	r.With(New(cache, &Options{Scope: "catalog"})).Get("/items/{id}", func(w http.ResponseWriter, r *http.Request) {
 		if err := rdb.Incr(r.Context(), run+":runs:"+r.URL.Path).Err(); err != nil {
 			http.Error(w, "count: "+err.Error(), http.StatusInternalServerError)
 			return
