@@ -564,7 +564,10 @@ func TestCloseNeverHangsOnABlackholedRedis(t *testing.T) {
 
 func testCloseNeverHangs(t *testing.T, blackhole bool) {
 	r := newFaultRig(t)
-	to := timeouts{dial: 20 * time.Second, read: 20 * time.Second, write: 20 * time.Second}
+	// A command already sent into the blackhole cannot be taken back:
+	// Close waits for it up to the client's timeouts (short, as herd asks).
+	const clientTimeout = 3 * time.Second
+	to := timeouts{dial: clientTimeout, read: clientTimeout, write: clientTimeout}
 	ctx := context.Background()
 	leader := r.cache(r.direct, psOptions("bh"))
 	frdb := r.client(to)
@@ -595,7 +598,7 @@ func testCloseNeverHangs(t *testing.T, blackhole bool) {
 		return err == nil && n[channelOf(t, "bh", "bh")] == 1 && n[mustChannel(t, "bhl", "bhlock")] == 1
 	})
 	r.proxy.SetBlackhole(blackhole)
-	closeWithin(t, 5*time.Second, follower, waiter)
+	closeWithin(t, 3*clientTimeout, follower, waiter)
 	for what, ch := range map[string]chan error{"follower Get": fol, "Locker.Acquire": acq} {
 		select {
 		case err := <-ch:

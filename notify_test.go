@@ -95,20 +95,32 @@ func countAcquires(rdb redis.UniversalClient) *acquires {
 }
 
 func (a *acquires) DialHook(next redis.DialHook) redis.DialHook { return next }
+// The replica wait sends a script in a pipeline (with WAIT or INFO), so
+// both hooks count.
 func (a *acquires) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			a.count(cmd)
+		}
+		return err
+	}
 }
 func (a *acquires) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
-		if args := cmd.Args(); len(args) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
-			if k, ok := args[3].(string); ok {
-				a.mu.Lock()
-				a.n[k]++
-				a.mu.Unlock()
-			}
-		}
+		a.count(cmd)
 		return err
+	}
+}
+
+func (a *acquires) count(cmd redis.Cmder) {
+	if args := cmd.Args(); len(args) > 3 && (cmd.Name() == "evalsha" || cmd.Name() == "eval") {
+		if k, ok := args[3].(string); ok {
+			a.mu.Lock()
+			a.n[k]++
+			a.mu.Unlock()
+		}
 	}
 }
 
@@ -529,7 +541,9 @@ func TestSubscribeHonoursCtx(t *testing.T) {
 	const prefix = "hang"
 	holder := NewLocker(srv.Client(t), &LockerOptions{Prefix: prefix})
 	t.Cleanup(func() { holder.Close() })
-	waiter := NewLocker(rdb, &LockerOptions{Prefix: prefix, MaxWait: time.Minute})
+	// No replica wait: its INFO would dial the connection this test
+	// reserves for pub/sub (the server has no replicas anyway).
+	waiter := NewLocker(rdb, &LockerOptions{Prefix: prefix, MaxWait: time.Minute, ReplicaAcks: -1})
 	for _, k := range []string{"h1", "h2", "h3"} {
 		l, err := holder.TryAcquire(ctx, k, time.Minute)
 		if err != nil {

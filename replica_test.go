@@ -53,7 +53,9 @@ func TestReplicaReadsNoStaleHit(t *testing.T) {
 	cl := redistest.StartClusterReplicas(t, 3, 1)
 	ctx := context.Background()
 	ro := cl.Client(t, func(o *redis.ClusterOptions) { o.ReadOnly = true })
-	c := newTestCache(t, ro, nil)
+	// No replica wait: the test cuts the replica off on purpose, and the
+	// wait would (rightly) refuse the writes it makes.
+	c := newTestCache(t, ro, &Options{ReplicaAcks: -1})
 	key := "replicated"
 	vkey := mustKeys(t, key).value
 	master, replica := slotNodes(t, ro, vkey)

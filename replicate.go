@@ -147,24 +147,9 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 		target, addr = node, node.Options().Addr
 	}
 	n := w.node(addr)
-	due := false
-	if now := time.Now().UnixNano(); w.acks == 0 && (!n.known.Load() || now-n.checked.Load() > int64(roleEvery)) {
-		due = true
-		n.checked.Store(now)
-	}
+	due := w.due(n)
 	if due && (cluster || !n.known.Load()) {
-		// Learn the replicas on its own: before the first write (without
-		// it, the first writes after start would not wait), and on a
-		// Cluster, where the script goes through the cluster client (for
-		// its redirections) when there is nothing to wait for.
-		info := newReplicationInfo(ctx)
-		pipe := target.Pipeline()
-		_ = pipe.Process(ctx, info)
-		_, _ = pipe.Exec(ctx)
-		n.learn(info)
-		if err := info.Err(); err == nil || !isInfraError(err) {
-			n.known.Store(true) // an INFO refused (ACL) is not asked again
-		}
+		w.probe(ctx, target, n)
 		due = false
 	}
 	need := w.need(n)
@@ -214,6 +199,57 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 			return cmd, fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, got, need, w.timeout)
 		}
 		return cmd, nil
+	}
+}
+
+// due reports whether n's replicas should be counted again, and if so
+// records that they are being counted now.
+func (w *replicaWait) due(n *nodeReplicas) bool {
+	if now := time.Now().UnixNano(); w.acks == 0 && (!n.known.Load() || now-n.checked.Load() > int64(roleEvery)) {
+		n.checked.Store(now)
+		return true
+	}
+	return false
+}
+
+// probe learns n's replicas with an INFO of its own: before the first
+// write (without it, the first writes after start would not wait), and
+// on a Cluster, where the script goes through the cluster client (for its
+// redirections) when there is nothing to wait for.
+func (w *replicaWait) probe(ctx context.Context, target pipeliner, n *nodeReplicas) {
+	info := newReplicationInfo(ctx)
+	pipe := target.Pipeline()
+	_ = pipe.Process(ctx, info)
+	_, _ = pipe.Exec(ctx)
+	n.learn(info)
+	if err := info.Err(); err == nil || !isInfraError(err) {
+		n.known.Store(true) // an INFO refused (ACL) is not asked again
+	}
+}
+
+// prime runs the probe that run would run first, so that a caller that
+// times its command (ACQUIRE: the lease's validity counts from when it
+// was sent) can start the clock after it.
+func (w *replicaWait) prime(ctx context.Context, rdb redis.UniversalClient, route string) {
+	if w.acks != 0 {
+		return
+	}
+	var target pipeliner = rdb
+	addr := ""
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, route)
+		if err != nil {
+			return
+		}
+		target, addr = node, node.Options().Addr
+		n := w.node(addr)
+		if w.due(n) {
+			w.probe(ctx, target, n)
+		}
+		return
+	}
+	if n := w.node(addr); !n.known.Load() && w.due(n) {
+		w.probe(ctx, target, n)
 	}
 }
 

@@ -53,6 +53,8 @@ type Locker struct {
 	callMu sync.Mutex     // guards closed against calls starting
 	closed bool           // Close began
 	calls  sync.WaitGroup // calls whose callers left (see leaveOnDone)
+	ctx    context.Context // ends on Close: callers waiting in TryAcquire or Acquire leave
+	cancel context.CancelFunc
 }
 
 // track registers a call that may outlive its caller; it reports false
@@ -75,7 +77,9 @@ func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
 	if rdb == nil {
 		panic("herd: NewLocker with a nil Redis client")
 	}
-	return &Locker{rdb: rdb, cfg: opt.resolve(), notify: newNotifier(rdb), done: make(chan struct{})}
+	l := &Locker{rdb: rdb, cfg: opt.resolve(), notify: newNotifier(rdb), done: make(chan struct{})}
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	return l
 }
 
 // Close stops the Locker's pub/sub connection. Later calls to TryAcquire
@@ -91,6 +95,7 @@ func (l *Locker) Close() error {
 	l.callMu.Lock()
 	l.closed = true
 	l.callMu.Unlock()
+	l.cancel()
 	l.calls.Wait() // calls whose callers left: each ends with its reply, or the client's timeouts
 	return l.notify.close()
 }
@@ -239,7 +244,11 @@ func (l *Locker) tryCtx(ctx context.Context, key string, keys keyFamily, ttl tim
 		lease *Lease
 		pttl  time.Duration
 	}
-	r, err := leaveOnDone(ctx, l.track, func() (tried, error) {
+	// The caller also leaves when the Locker closes.
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(l.ctx, cancel)()
+	r, err := leaveOnDone(cctx, l.track, func() (tried, error) {
 		lease, pttl, err := l.try(context.WithoutCancel(ctx), key, keys, ttl)
 		return tried{lease, pttl}, err
 	}, func(r tried, _ error) {
@@ -249,6 +258,9 @@ func (l *Locker) tryCtx(ctx context.Context, key string, keys keyFamily, ttl tim
 			_ = r.lease.Release(rctx)
 		}
 	})
+	if err != nil && ctx.Err() == nil && l.ctx.Err() != nil {
+		return nil, 0, fmt.Errorf("%w: acquire %q", ErrClosed, key)
+	}
 	if err != nil && ctx.Err() != nil && r.lease == nil && !errors.Is(err, ErrLeaseHeld) {
 		return nil, 0, fmt.Errorf("%w: acquire %q: %w", ErrLeaseHeld, key, err)
 	}
@@ -280,6 +292,7 @@ type attempted struct {
 // error; ErrLeaseHeld is.
 func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited string) (attempted, error) {
 	owner := newOwner()
+	l.cfg.repl.prime(ctx, l.rdb, keys.fence) // its round trip must not count against the lease
 	start := time.Now()
 	names := []string{keys.lease, keys.fence}
 	args := []any{owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()}
