@@ -1,0 +1,217 @@
+package herd
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/herdkit/herd/internal/faultproxy"
+	"github.com/redis/go-redis/v9"
+)
+
+// Attacks on the claims of the Redlock (redlock.go, redlock_lease.go,
+// docs/design.md "Redlock"). Each test is named after the claim it checks.
+
+// secondHolder acquires key through r2, waiting at most a few seconds, and
+// reports whether a's lease was still believed held (Deadline ahead, Lost
+// open) when r2 got it.
+func secondHolderWhileValid(t *testing.T, r2 *Redlock, a *RedlockLease, key string, ttl time.Duration) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	b, err := r2.Acquire(ctx, key, ttl)
+	if err != nil {
+		return // the lease is still exclusive: the claim holds
+	}
+	defer b.Release(context.Background())
+	lost := false
+	select {
+	case <-a.Lost():
+		lost = true
+	default:
+	}
+	if !lost && time.Now().Before(a.Deadline()) {
+		t.Errorf("two holders at once: a second owner acquired %q (token %d) while the first (token %d) is still valid for %v and Lost() is open",
+			key, b.Token(), a.Token(), time.Until(a.Deadline()).Round(time.Millisecond))
+	}
+}
+
+// TestRedlockExtendNoQuorumLeavesLeaseAsItWas breaks the Extend godoc:
+// "an error wrapping [ErrNoQuorum] when too few masters answered, leaving
+// the lease as it was". An Extend whose validity check fails after a
+// quorum ran the extend script has already PEXPIREd the lease to the new
+// ttl on those masters, but the local Deadline and Lost stay as they were.
+// With a 1ms ttl (accepted by checkTTL) the check always fails (1ms less
+// the 2ms drift allowance is negative): the masters drop the lease at once
+// while the holder still believes it holds it for ~30s, and a second
+// owner takes the lock: mutual exclusion is gone without any fault.
+func TestRedlockExtendNoQuorumLeavesLeaseAsItWas(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r1, r2 := g.redlock(nil), g.redlock(nil)
+	ctx := context.Background()
+	key := testKey(t)
+	a, err := r1.TryAcquire(ctx, key, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release(ctx)
+	err = a.Extend(ctx, time.Millisecond)
+	t.Logf("Extend(1ms): %v", err)
+	if err == nil {
+		return // a successful extend moves the deadline: nothing to check
+	}
+	secondHolderWhileValid(t, r2, a, key, 30*time.Second)
+}
+
+// TestRedlockSlowExtendLeavesLeaseAsItWas is the same hole without bad
+// input: the masters answer an Extend(300ms) after 600ms (reply latency on
+// every link, NodeTimeout 2s). The masters renewed the lease for 300ms,
+// the reply comes after the new validity, so Extend fails with
+// ErrNoQuorum "leaving the lease as it was" (local deadline ~30s ahead),
+// yet the masters' leases end 300ms later and a second owner acquires.
+func TestRedlockSlowExtendLeavesLeaseAsItWas(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	var proxies []*faultproxy.Proxy
+	var clients []redis.UniversalClient
+	for _, s := range g.srvs {
+		p, err := faultproxy.Start(s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		proxies = append(proxies, p)
+		c := redis.NewClient(&redis.Options{Addr: p.Addr(), ContextTimeoutEnabled: true, MaxRetries: -1})
+		t.Cleanup(func() { c.Close() })
+		clients = append(clients, c)
+	}
+	r1 := NewRedlock(clients, &RedlockOptions{NodeTimeout: 2 * time.Second})
+	t.Cleanup(func() { r1.Close() })
+	r2 := g.redlock(nil)
+	ctx := context.Background()
+	key := testKey(t)
+	a, err := r1.TryAcquire(ctx, key, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release(ctx)
+	for _, p := range proxies {
+		p.SetLatency(faultproxy.Downstream, 600*time.Millisecond)
+	}
+	err = a.Extend(ctx, 300*time.Millisecond)
+	for _, p := range proxies {
+		p.SetLatency(faultproxy.Downstream, 0)
+	}
+	t.Logf("slow Extend(300ms): %v", err)
+	if err == nil {
+		return
+	}
+	secondHolderWhileValid(t, r2, a, key, 30*time.Second)
+}
+
+// TestRedlockCallsAfterCloseReturnErrClosed breaks "Every call made after
+// Close, on the Redlock or on its leases, returns [ErrClosed]": Extend
+// checks its ttl before the closed state (ErrInvalidTTL), and Release of a
+// lease released before Close returns nil.
+func TestRedlockCallsAfterCloseReturnErrClosed(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r := g.redlock(nil)
+	ctx := context.Background()
+	a, err := r.TryAcquire(ctx, testKey(t)+"a", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := r.TryAcquire(ctx, testKey(t)+"b", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	defer a.finish()
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	checks := map[string]error{
+		"Extend(0)":             a.Extend(ctx, 0),
+		"Extend(-1s)":           a.Extend(ctx, -time.Second),
+		"Release of a released": b.Release(ctx),
+		"TryAcquire(\"\")":      second(r.TryAcquire(ctx, "", time.Second)),
+	}
+	for name, err := range checks {
+		if !errors.Is(err, ErrClosed) {
+			t.Errorf("%s after Close: %v, want ErrClosed", name, err)
+		}
+	}
+}
+
+// TestRedlockMinimumTTLIsUsable breaks TryAcquire's input contract: "ttl
+// must be at least a millisecond ([ErrInvalidTTL])". A ttl of 1ms or 2ms
+// passes the check but can never be granted (the drift allowance, 1% +
+// 2ms, exceeds it), so on healthy masters the caller is told
+// ErrNoQuorum ("no quorum of Redis masters"), a fault that did not happen.
+// A ttl that cannot work must be ErrInvalidTTL.
+func TestRedlockMinimumTTLIsUsable(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r := g.redlock(nil)
+	ctx := context.Background()
+	for _, ttl := range []time.Duration{time.Millisecond, 2 * time.Millisecond} {
+		l, err := r.TryAcquire(ctx, testKey(t), ttl)
+		if err == nil {
+			l.Release(ctx)
+			continue
+		}
+		if !errors.Is(err, ErrInvalidTTL) {
+			t.Errorf("TryAcquire(ttl %v) on 3 healthy masters: %v; want a lease or ErrInvalidTTL", ttl, err)
+		}
+	}
+}
+
+// TestRedlockAcquireHugeTTLWaitsForContext breaks Acquire's wait bound
+// ("bounded by ctx and by MaxWait", MaxWait default "three times the lease
+// length"): for a ttl above MaxInt64/3 the default 3*ttl overflows to a
+// negative duration and Acquire gives up at once with ErrWaitTimeout
+// ("after -…") instead of waiting for ctx.
+func TestRedlockAcquireHugeTTLWaitsForContext(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r1, r2 := g.redlock(nil), g.redlock(nil)
+	ctx := context.Background()
+	key := testKey(t)
+	a, err := r1.TryAcquire(ctx, key, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Release(ctx)
+	wctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	_, err = r2.Acquire(wctx, key, 1<<62)
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, ErrLeaseHeld) {
+		t.Errorf("Acquire(ttl 2^62ns) on a held key with a 1.5s ctx: %v; want ErrLeaseHeld joined with the ctx's DeadlineExceeded", err)
+	}
+}
+
+// TestRedlockFenceTTLAtLeastTwiceLease breaks RedlockOptions.FenceTTL's
+// "raised to at least twice the lease length on every acquire" (and A3 in
+// docs/design.md: a counter never expires sooner than 2L after its last
+// acquire): 2*ttl overflows for a ttl above MaxInt64/2, and the fence
+// counter gets the 24h default while the lease itself lasts ~219 years.
+func TestRedlockFenceTTLAtLeastTwiceLease(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r := g.redlock(nil)
+	ctx := context.Background()
+	key := testKey(t)
+	ttl := time.Duration(1<<62 + 1<<61)
+	l, err := r.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		t.Fatalf("TryAcquire(ttl %v): %v", ttl, err)
+	}
+	defer l.Release(ctx)
+	keys, _ := makeKeys(DefaultPrefix, key)
+	for i, c := range g.clients {
+		lease, _ := c.PTTL(ctx, keys.lease).Result()
+		fence, _ := c.PTTL(ctx, keys.fence).Result()
+		if fence < lease {
+			t.Errorf("master %d: fence counter TTL %v is shorter than the lease's %v (want at least twice it)", i, fence, lease)
+		}
+	}
+}
