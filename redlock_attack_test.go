@@ -215,3 +215,163 @@ func TestRedlockFenceTTLAtLeastTwiceLease(t *testing.T) {
 		}
 	}
 }
+
+// proxiedRedlock puts a faultproxy in front of every master of g and
+// returns a Redlock over clients through them (opts applied to each).
+func proxiedRedlock(t *testing.T, g *redlockRig, ropt *RedlockOptions, opts func(*redis.Options)) (*Redlock, []*faultproxy.Proxy) {
+	t.Helper()
+	var proxies []*faultproxy.Proxy
+	var clients []redis.UniversalClient
+	for _, s := range g.srvs {
+		p, err := faultproxy.Start(s.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		proxies = append(proxies, p)
+		o := &redis.Options{Addr: p.Addr()}
+		if opts != nil {
+			opts(o)
+		}
+		c := redis.NewClient(o)
+		t.Cleanup(func() { c.Close() })
+		clients = append(clients, c)
+	}
+	r := NewRedlock(clients, ropt)
+	t.Cleanup(func() { r.Close() })
+	return r, proxies
+}
+
+// TestRedlockFailedAttemptReleasesEverything breaks TryAcquire's "A failed
+// attempt releases whatever it took, on every master, before it returns"
+// (and try's comment "also where no reply came: the SET may have run there
+// after the round gave up on it"). The round-one request to two of three
+// masters is delayed (upstream latency 1.5s, NodeTimeout 400ms, clients
+// without ContextTimeoutEnabled so the request is not abandoned); the
+// attempt fails with ErrNoQuorum and its release reaches those masters
+// first (latency turned off meanwhile), then the late SET lands there: the
+// failed attempt leaves its lease on a quorum and nobody can take the key
+// for the whole ttl. (The latency switch is timed, but a slow machine can
+// only make the test pass, never fail spuriously.)
+func TestRedlockFailedAttemptReleasesEverything(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r, proxies := proxiedRedlock(t, g, &RedlockOptions{NodeTimeout: 400 * time.Millisecond}, nil)
+	other := g.redlock(nil)
+	ctx := context.Background()
+	key := testKey(t)
+	const ttl = 20 * time.Second
+	warm, err := r.TryAcquire(ctx, key, ttl) // connections and scripts ready
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := warm.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range proxies[:2] {
+		p.SetLatency(faultproxy.Upstream, 1500*time.Millisecond)
+	}
+	off := time.AfterFunc(150*time.Millisecond, func() {
+		for _, p := range proxies[:2] {
+			p.SetLatency(faultproxy.Upstream, 0)
+		}
+	})
+	defer off.Stop()
+	_, err = r.TryAcquire(ctx, key, ttl)
+	if !errors.Is(err, ErrNoQuorum) {
+		t.Fatalf("TryAcquire with 2 of 3 masters delayed past NodeTimeout: %v, want ErrNoQuorum", err)
+	}
+	keys, _ := makeKeys(DefaultPrefix, key)
+	deadline := time.Now().Add(4 * time.Second) // the delayed requests land by 1.5s
+	for time.Now().Before(deadline) {
+		n := 0
+		for _, c := range g.clients[:2] {
+			if c.Exists(ctx, keys.lease).Val() == 1 {
+				n++
+			}
+		}
+		if n == 2 {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if l, err := other.TryAcquire(ctx, key, ttl); err != nil {
+		t.Errorf("after a failed attempt returned, the key is still taken: %v", err)
+	} else {
+		l.Release(ctx)
+	}
+}
+
+// TestRedlockLostRepliesCoverage (passes; coverage): with the reply of the
+// round-one script dropped on master 0, of the raise on master 1 and of
+// the release on master 2 (connection reset: go-redis retries), the
+// acquire and release still succeed and nothing is left on any master.
+func TestRedlockLostRepliesCoverage(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r, proxies := proxiedRedlock(t, g, &RedlockOptions{NodeTimeout: 2 * time.Second}, nil)
+	ctx := context.Background()
+	key := testKey(t)
+	warm, err := r.TryAcquire(ctx, key+"warm", 5*time.Second) // load the scripts
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm.Release(ctx)
+	f0 := proxies[0].DropReply([]byte(redlockAcquireScript.Hash()))
+	f1 := proxies[1].DropReply([]byte(redlockRaiseScript.Hash()))
+	f2 := proxies[2].DropReply([]byte(redlockReleaseScript.Hash()))
+	l, err := r.TryAcquire(ctx, key, 5*time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire with lost replies: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release with a lost reply: %v", err)
+	}
+	for i, f := range []*faultproxy.Fault{f0, f1, f2} {
+		select {
+		case <-f.Fired():
+		default:
+			t.Errorf("fault %d did not fire", i)
+		}
+	}
+	if n := g.holders(key, l.owner); n != 0 {
+		t.Errorf("%d masters still hold the released lease", n)
+	}
+}
+
+// TestRedlockTokensIncreaseAcrossEmptyRestarts (passes; coverage): tokens
+// keep increasing when a quorum of masters restarts empty, with and
+// without the stay-out rule (the restart breaks exclusion, documented, but
+// not the token order).
+func TestRedlockTokensIncreaseAcrossEmptyRestarts(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r1, r2 := g.redlock(nil), g.redlock(nil)
+	ctx := context.Background()
+	key := testKey(t)
+	a, err := r1.TryAcquire(ctx, key, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.finish()
+	g.srvs[0].Restart(t)
+	g.srvs[1].Restart(t)
+	b, err := r2.TryAcquire(ctx, key, 30*time.Second) // no stay-out: documented double holder
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Token() <= a.Token() {
+		t.Errorf("after 2 empty restarts: token %d, then %d", a.Token(), b.Token())
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range g.srvs {
+		s.Restart(t)
+	}
+	c, err := r1.TryAcquire(ctx, key, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release(ctx)
+	if c.Token() <= b.Token() {
+		t.Errorf("after all masters restarted empty: token %d, then %d", b.Token(), c.Token())
+	}
+}
