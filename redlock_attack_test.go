@@ -8,6 +8,7 @@ import (
 
 	"github.com/herdkit/herd/internal/faultproxy"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 // Attacks on the claims of the Redlock (redlock.go, redlock_lease.go,
@@ -374,4 +375,50 @@ func TestRedlockTokensIncreaseAcrossEmptyRestarts(t *testing.T) {
 	if c.Token() <= b.Token() {
 		t.Errorf("after all masters restarted empty: token %d, then %d", b.Token(), c.Token())
 	}
+}
+
+// TestRedlockBlackholeBoundedAndLeakFree (passes; coverage): with one
+// master's link blackholed (connections accepted, never answered) and
+// clients without ContextTimeoutEnabled, acquire/extend/release succeed on
+// the other two within NodeTimeout; with all three blackholed TryAcquire
+// fails with ErrNoQuorum (no hang); Close waits for the stalled calls (the
+// client's ReadTimeout) and leaves no goroutine behind.
+func TestRedlockBlackholeBoundedAndLeakFree(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	baseline := goleak.IgnoreCurrent()
+	r, proxies := proxiedRedlock(t, g, &RedlockOptions{NodeTimeout: 500 * time.Millisecond},
+		func(o *redis.Options) {
+			o.ReadTimeout = time.Second
+			o.WriteTimeout = time.Second
+			o.DialTimeout = time.Second
+		})
+	ctx := context.Background()
+	key := testKey(t)
+	proxies[0].SetBlackhole(true)
+	l, err := r.TryAcquire(ctx, key, 5*time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire with one blackholed master: %v", err)
+	}
+	if err := l.Extend(ctx, 5*time.Second); err != nil {
+		t.Fatalf("Extend: %v", err)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	for _, p := range proxies {
+		p.SetBlackhole(true)
+	}
+	if _, err := r.TryAcquire(ctx, key, 5*time.Second); !errors.Is(err, ErrNoQuorum) {
+		t.Fatalf("TryAcquire with every master blackholed: %v, want ErrNoQuorum", err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range proxies {
+		p.Close()
+	}
+	for _, c := range r.nodes {
+		c.Close()
+	}
+	goleak.VerifyNone(t, baseline)
 }
