@@ -422,3 +422,36 @@ func TestRedlockBlackholeBoundedAndLeakFree(t *testing.T) {
 	}
 	goleak.VerifyNone(t, baseline)
 }
+
+// TestRedlockSameMasterTwiceRejected breaks NewRedlock's "no client may
+// appear twice" / "It panics on an invalid configuration": only the same
+// client value is caught. Two distinct clients for one master pass, and
+// since round one on a master accepts a lease that is already this
+// owner's (the retry rule), that one master grants twice: a "quorum" of 2
+// of 3 from one real server. With master B killed, TryAcquire succeeds on
+// master A alone, although the Redlock claims to need a majority of
+// independent masters.
+func TestRedlockSameMasterTwiceRejected(t *testing.T) {
+	g := startRedlockRig(t, 2)
+	a, b := g.srvs[0], g.srvs[1]
+	clients := []redis.UniversalClient{a.Client(t), a.Client(t), b.Client(t)}
+	var r *Redlock
+	func() {
+		defer func() {
+			if p := recover(); p != nil {
+				t.Logf("NewRedlock panicked: %v", p)
+			}
+		}()
+		r = NewRedlock(clients, &RedlockOptions{NodeTimeout: testNodeTimeout})
+	}()
+	if r == nil {
+		return // rejected: the claim holds
+	}
+	defer r.Close()
+	b.Kill(t)
+	l, err := r.TryAcquire(context.Background(), testKey(t), 5*time.Second)
+	if err == nil {
+		defer l.finish()
+		t.Errorf("NewRedlock accepted two clients for master %s, and TryAcquire won a quorum (token %d) with only that one master alive", a.Addr(), l.Token())
+	}
+}
