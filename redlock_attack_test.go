@@ -456,4 +456,3 @@ func TestRedlockSameMasterTwiceRejected(t *testing.T) {
 		t.Errorf("NewRedlock accepted two clients for master %s, and TryAcquire won a quorum (token %d) with only that one master alive", a.Addr(), l.Token())
 	}
 }
-
