@@ -3,6 +3,7 @@ package herd
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -454,5 +455,74 @@ func TestRedlockSameMasterTwiceRejected(t *testing.T) {
 	if err == nil {
 		defer l.finish()
 		t.Errorf("NewRedlock accepted two clients for master %s, and TryAcquire won a quorum (token %d) with only that one master alive", a.Addr(), l.Token())
+	}
+}
+
+// TestRedlockErrLeaseHeldOnlyWhenAnotherOwnerHolds breaks TryAcquire's
+// error contract: "[ErrLeaseHeld] when other owners hold it on enough
+// masters that no quorum is free" (design.md: "a quorum answered; other
+// owners hold the rest"). Master 2 is down; round one wins masters 0 and 1;
+// between the rounds (the Redlock's clock hook, read once per round) master
+// 0 restarts empty, so its raise finds no lease. No other owner exists
+// anywhere, yet TryAcquire says the lease is held by another owner rather
+// than ErrNoQuorum.
+func TestRedlockErrLeaseHeldOnlyWhenAnotherOwnerHolds(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r := g.redlock(nil)
+	g.srvs[2].Kill(t)
+	var calls atomic.Int32
+	r.now = func() time.Time {
+		if calls.Add(1) == 2 { // afterAcquire: round one is done, round two not sent
+			g.srvs[0].Restart(t)
+		}
+		return time.Now()
+	}
+	key := testKey(t)
+	_, err := r.TryAcquire(context.Background(), key, 30*time.Second)
+	if calls.Load() < 2 {
+		t.Fatalf("round one did not reach the hook: %v", err)
+	}
+	if errors.Is(err, ErrLeaseHeld) {
+		t.Errorf("TryAcquire with master 0 restarted between the rounds, master 2 down and no other owner: %v; want ErrNoQuorum, not ErrLeaseHeld", err)
+	}
+}
+
+// TestRedlockLostClosesAfterValidity (passes; coverage): a lease neither
+// extended nor released is known lost once its validity runs out (Lost
+// closes), and a second owner then gets a higher token.
+func TestRedlockLostClosesAfterValidity(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	r1, r2 := g.redlock(nil), g.redlock(nil)
+	ctx := context.Background()
+	key := testKey(t)
+	const ttl = 300 * time.Millisecond
+	a, err := r1.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-a.Lost():
+	case <-time.After(20 * ttl):
+		t.Fatal("Lost not closed 20 lease lengths after the acquire")
+	}
+	if err := a.Extend(ctx, ttl); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("Extend of a lost lease: %v, want ErrLeaseLost", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*ttl)
+	defer cancel()
+	b, err := r2.Acquire(wctx, key, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Release(ctx)
+	if b.Token() <= a.Token() {
+		t.Errorf("token %d after %d", b.Token(), a.Token())
+	}
+	before := g.holders(key, b.owner)
+	if err := a.Release(ctx); !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("Release of a lost lease whose key passed on: %v, want ErrLeaseLost", err)
+	}
+	if n := g.holders(key, b.owner); n != before {
+		t.Errorf("the lost holder's Release touched the new owner's lease: %d masters held it, %d after", before, n)
 	}
 }
