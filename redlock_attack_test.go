@@ -3,11 +3,17 @@ package herd
 import (
 	"context"
 	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/herdkit/herd/internal/faultproxy"
+	"github.com/herdkit/herd/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -524,5 +530,85 @@ func TestRedlockLostClosesAfterValidity(t *testing.T) {
 	}
 	if n := g.holders(key, b.owner); n != before {
 		t.Errorf("the lost holder's Release touched the new owner's lease: %d masters held it, %d after", before, n)
+	}
+}
+
+func init() { workerRoles["redlock-contender"] = redlockContenderWorker }
+
+// redlockContenderWorker: 4 goroutines each take the Redlock on envKey 5
+// times over the masters in envMasters; inside the lock an INCR of
+// key:inside on the side Redis (envAddr) must return 1, and the token is
+// appended to key:log.
+func redlockContenderWorker(ctx context.Context, _ string) error {
+	key := os.Getenv(envKey)
+	side := redis.NewClient(&redis.Options{Addr: os.Getenv(envAddr)})
+	defer side.Close()
+	var masters []redis.UniversalClient
+	for _, addr := range strings.Split(os.Getenv(envMasters), ",") {
+		c := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+		defer c.Close()
+		masters = append(masters, c)
+	}
+	rl := NewRedlock(masters, &RedlockOptions{NodeTimeout: testNodeTimeout, MaxWait: time.Minute})
+	defer rl.Close()
+	errc := make(chan error, 4*5)
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 5 {
+				l, err := rl.Acquire(ctx, key, 3*time.Second)
+				if err != nil {
+					errc <- fmt.Errorf("Acquire: %w", err)
+					return
+				}
+				if n, err := side.Incr(ctx, key+":inside").Result(); err != nil || n != 1 {
+					errc <- fmt.Errorf("INCR inside the lock = %d (%v): two holders", n, err)
+				}
+				side.RPush(ctx, key+":log", l.Token())
+				side.Decr(ctx, key+":inside")
+				if err := l.Release(ctx); err != nil {
+					errc <- fmt.Errorf("Release: %w", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errc)
+	var errs []error
+	for err := range errc {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// TestRedlockMutualExclusionAcrossProcesses (passes; coverage): 3 OS
+// processes × 4 goroutines contend for one key over 3 masters; never two
+// holders (INCR inside the lock on a side Redis is 1), and the tokens, in
+// the order the holders held the lock, strictly increase.
+func TestRedlockMutualExclusionAcrossProcesses(t *testing.T) {
+	g := startRedlockRig(t, 3)
+	side := redistest.Start(t)
+	key := testKey(t)
+	var addrs []string
+	for _, s := range g.srvs {
+		addrs = append(addrs, s.Addr())
+	}
+	p := startWorkers(t, 3, "redlock-contender", envAddr+"="+side.Addr(), envKey+"="+key,
+		envMasters+"="+strings.Join(addrs, ","))
+	p.wait(2 * time.Minute)
+	toks, err := side.Client(t).LRange(context.Background(), key+":log", 0, -1).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(toks) != 3*4*5 {
+		t.Fatalf("%d holdings logged, want %d", len(toks), 3*4*5)
+	}
+	prev := uint64(0)
+	for i, s := range toks {
+		n, _ := strconv.ParseUint(s, 10, 64)
+		if n <= prev {
+			t.Fatalf("holding %d: token %d after %d: not strictly increasing", i, n, prev)
+		}
+		prev = n
 	}
 }
