@@ -115,6 +115,9 @@ func TestRedlockSlowExtendLeavesLeaseAsItWas(t *testing.T) {
 	if err == nil {
 		return
 	}
+	if strings.Contains(err.Error(), "%!") {
+		t.Errorf("Extend error text is malformed: %v", err)
+	}
 	secondHolderWhileValid(t, r2, a, key, 30*time.Second)
 }
 
