@@ -38,7 +38,7 @@ var (
 // RedlockOptions configures a [Redlock]. A nil *RedlockOptions, and every
 // zero field, means the documented default. Invalid values make
 // [NewRedlock] panic: they are programming errors, not request-time
-// conditions.
+// conditions. Every duration is at most 50 years.
 type RedlockOptions struct {
 	// Prefix is the namespace of every Redis key the Redlock writes on its
 	// masters, laid out as a [Locker]'s. It must not contain '{' or '}' and
