@@ -110,7 +110,7 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 			return withCauses(fmt.Errorf("%w: extend lease %q: %d of %d masters extended it, %d needed; the lease is as it was",
 				ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum), errs)
 		}
-		return fmt.Errorf("%w: extend lease %q: %d of %d masters extended it, but only after its new validity (%v) was spent; the lease is as it was",
+		return fmt.Errorf("%w: extend lease %q: %d of %d masters confirmed it, but only after its new validity (%v) was spent; the lease is as it was",
 			ErrNoQuorum, l.key, ok, len(r.nodes), ttl-drift(ttl))
 	}
 	l.mu.Lock()
@@ -258,8 +258,8 @@ func (l *RedlockLease) Release(ctx context.Context) error {
 	case refused > len(r.nodes)-r.quorum:
 		return fmt.Errorf("%w: %q: it expired or passed to another owner before release (%d of %d masters)", ErrLeaseLost, l.key, refused, len(r.nodes))
 	}
-	return fmt.Errorf("%w: release lease %q: %d of %d masters released it, %d needed: %w",
-		ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum, errors.Join(errs...))
+	return withCauses(fmt.Errorf("%w: release lease %q: %d of %d masters released it, %d needed",
+		ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum), errs)
 }
 
 // stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
