@@ -278,7 +278,11 @@
 // [RedlockOptions.NodeTimeout], and holds only if a quorum granted it
 // with validity left (the lease length less the time taken and a drift
 // allowance); otherwise it releases everywhere at once. Too few masters
-// answering is [ErrNoQuorum]. [RedlockLease.Token] is a quorum fencing
+// answering is [ErrNoQuorum]; [ErrLeaseHeld] means a master reported
+// another owner. A lease lasts 10ms to 50 years, and an extend never
+// shortens it, so a failed extend leaves it as it was. [NewRedlock]
+// rejects two clients for the same master address (it cannot see two
+// addresses of one server). [RedlockLease.Token] is a quorum fencing
 // token: a second round raises a quorum of the masters' counters to one
 // more than the highest a quorum reported, so tokens strictly increase
 // from one holder to the next although each master counts on its own. A

@@ -33,8 +33,10 @@ type Lock[L LeaseHandle] interface {
 //   - Key is the user key the lease was acquired for.
 //   - Deadline is the local time until which the lease is known valid.
 //   - Lost is closed when the lease is known lost.
-//   - Extend sets the remaining time to ttl ([ErrLeaseLost] when it is not
-//     this owner's any more).
+//   - Extend renews the lease for ttl ([ErrLeaseLost] when it is not this
+//     owner's any more). A [Lease] gets exactly ttl left; a [RedlockLease]
+//     at least ttl, never less than it had, so a failed extend cannot cut
+//     it short.
 //   - KeepAlive renews it in the background until Release, loss, or
 //     maxHold after the acquire.
 //   - Release gives it back.

@@ -6,7 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,7 +38,7 @@ var (
 // RedlockOptions configures a [Redlock]. A nil *RedlockOptions, and every
 // zero field, means the documented default. Invalid values make
 // [NewRedlock] panic: they are programming errors, not request-time
-// conditions.
+// conditions. Every duration is at most 50 years.
 type RedlockOptions struct {
 	// Prefix is the namespace of every Redis key the Redlock writes on its
 	// masters, laid out as a [Locker]'s. It must not contain '{' or '}' and
@@ -80,6 +84,25 @@ type RedlockOptions struct {
 	Logger *slog.Logger
 }
 
+// The lease lengths a Redlock accepts, as the core's [Locker]: at least
+// 10ms (1% + 2ms of every lease is the clock-drift allowance, so a shorter
+// one leaves no validity to use) and at most 50 years (so that the default
+// MaxWait of three lease lengths and the fence TTL of two cannot overflow).
+const (
+	redlockMinLease = 10 * time.Millisecond
+	redlockMaxLease = 50 * 365 * 24 * time.Hour
+)
+
+// checkRedlockTTL rejects a lease length outside [redlockMinLease,
+// redlockMaxLease] with an error naming the range.
+func checkRedlockTTL(ttl time.Duration) error {
+	if ttl < redlockMinLease || ttl > redlockMaxLease {
+		return fmt.Errorf("%w: %v (a Redlock lease must be between %v and %v, 50 years: 1%% + 2ms of it is the clock-drift allowance)",
+			ErrInvalidTTL, ttl, redlockMinLease, redlockMaxLease)
+	}
+	return nil
+}
+
 // redlockConfig is RedlockOptions with every default applied.
 type redlockConfig struct {
 	lockerConfig
@@ -95,8 +118,8 @@ func (o *RedlockOptions) resolve() redlockConfig {
 		"NodeTimeout": in.NodeTimeout, "MaxWait": in.MaxWait, "PollMin": in.PollMin,
 		"PollMax": in.PollMax, "FenceTTL": in.FenceTTL,
 	} {
-		if d < 0 {
-			panic(fmt.Sprintf("herd: RedlockOptions.%s is negative (%v)", name, d))
+		if d < 0 || d > redlockMaxLease {
+			panic(fmt.Sprintf("herd: RedlockOptions.%s is %v; it must be 0 (the default) or up to %v (50 years)", name, d, redlockMaxLease))
 		}
 	}
 	if in.PollMin > 0 && in.PollMax > 0 && in.PollMax < in.PollMin {
@@ -154,14 +177,23 @@ type Redlock struct {
 
 // NewRedlock returns a Redlock over the independent masters clients,
 // each a *redis.Client (or another UniversalClient) for one master. Their
-// number must be odd and at least 3, and no client may appear twice. A nil
-// opt means the defaults of [RedlockOptions]. It panics on an invalid
-// configuration.
+// number must be odd and at least 3, and no master may appear twice: the
+// same client twice, or two clients whose options name the same address,
+// make it panic (two clients for one server would let that one server
+// grant a quorum alone). The check compares the addresses as the clients'
+// Options report them (network and host:port, IP literals in canonical
+// form, Unix socket paths cleaned; the seed addresses of a cluster or
+// ring client), not as they resolve: it cannot see two names or
+// addresses of one server (a hostname and its IP, two interfaces, a
+// proxy), nor the master behind a Sentinel failover client. Keeping the
+// masters independent is the caller's part. A nil opt means the defaults
+// of [RedlockOptions]. It panics on an invalid configuration.
 func NewRedlock(clients []redis.UniversalClient, opt *RedlockOptions) *Redlock {
 	if len(clients) < 3 || len(clients)%2 == 0 {
 		panic(fmt.Sprintf("herd: NewRedlock needs an odd number of Redis masters, at least 3; got %d", len(clients)))
 	}
 	seen := make(map[redis.UniversalClient]int, len(clients))
+	addrs := make(map[string]int)
 	for i, c := range clients {
 		if c == nil {
 			panic(fmt.Sprintf("herd: NewRedlock with a nil Redis client (index %d)", i))
@@ -170,6 +202,12 @@ func NewRedlock(clients []redis.UniversalClient, opt *RedlockOptions) *Redlock {
 			panic(fmt.Sprintf("herd: NewRedlock with the same Redis client at index %d and %d", j, i))
 		}
 		seen[c] = i
+		for _, a := range masterAddrs(c) {
+			if j, dup := addrs[a]; dup && j != i {
+				panic(fmt.Sprintf("herd: NewRedlock with two clients for the same master %s (index %d and %d): the masters must be independent", a, j, i))
+			}
+			addrs[a] = i
+		}
 	}
 	r := &Redlock{
 		nodes:  append([]redis.UniversalClient(nil), clients...),
@@ -182,6 +220,51 @@ func NewRedlock(clients []redis.UniversalClient, opt *RedlockOptions) *Redlock {
 	}
 	r.root, r.cancel = context.WithCancel(context.Background())
 	return r
+}
+
+// masterAddrs returns the normalised addresses a client's options name:
+// host:port (or "unix:" and the cleaned socket path), none for a client
+// whose address it cannot know (a Sentinel failover client, another
+// UniversalClient).
+func masterAddrs(c redis.UniversalClient) []string {
+	var network string
+	var raw []string
+	switch c := c.(type) {
+	case *redis.Client:
+		o := c.Options()
+		if o.Addr == "FailoverClient" { // go-redis's placeholder: the master is found through Sentinel
+			return nil
+		}
+		network, raw = o.Network, []string{o.Addr}
+	case *redis.ClusterClient:
+		raw = c.Options().Addrs
+	case *redis.Ring:
+		for _, a := range c.Options().Addrs {
+			raw = append(raw, a)
+		}
+	}
+	out := make([]string, 0, len(raw))
+	for _, a := range raw {
+		out = append(out, normaliseAddr(network, a))
+	}
+	return out
+}
+
+// normaliseAddr puts an address in one spelling: a Unix socket path
+// cleaned ("unix:/path"), a host lowercased and an IP literal in
+// canonical form (an IPv4-mapped IPv6 address as IPv4).
+func normaliseAddr(network, addr string) string {
+	if network == "unix" {
+		return "unix:" + filepath.Clean(addr)
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return strings.ToLower(addr)
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	}
+	return net.JoinHostPort(strings.ToLower(host), port)
 }
 
 // Quorum returns the number of masters that must grant a lease: N/2+1.
@@ -221,14 +304,20 @@ func (r *Redlock) enter() error {
 func (r *Redlock) leave() { r.calls.Done() }
 
 // TryAcquire takes the lock on key for ttl, or fails at once. It returns
-// an error wrapping [ErrLeaseHeld] when other owners hold it on enough
-// masters that no quorum is free, and one wrapping [ErrNoQuorum] (joined
-// with the masters' errors) when fewer than a quorum of masters answered
-// within [RedlockOptions.NodeTimeout], or a quorum answered only after
-// the lease's validity was spent. Any string but the empty one is a valid
-// key ([ErrInvalidKey]); ttl must be at least a millisecond
-// ([ErrInvalidTTL]). A failed attempt releases whatever it took, on every
-// master, before it returns.
+// an error wrapping [ErrLeaseHeld] when a quorum of masters answered but
+// too few granted the lease and at least one of them reported another
+// owner holding it, and one wrapping [ErrNoQuorum] (joined with the
+// masters' errors, if any) otherwise: fewer than a quorum of masters
+// answered within [RedlockOptions.NodeTimeout], the lease vanished from
+// masters between the two rounds without another owner taking it (a
+// master restarted empty), or a quorum answered only after the lease's
+// validity was spent. Any string but the empty one is a valid key
+// ([ErrInvalidKey]); ttl must be between 10ms and 50 years
+// ([ErrInvalidTTL]: 1% + 2ms of every lease is the clock-drift
+// allowance). A failed attempt releases whatever it took, on every
+// master, before it returns; on a master whose round-one reply did not
+// come it also leaves a marker, for ttl, that makes a round-one request
+// of the attempt landing there later take nothing.
 //
 // TryAcquire is safe under client retries: a retried round-one script
 // recognises the lease as this attempt's, and the raise of round two is
@@ -314,14 +403,24 @@ func pollWait(backoff, holder time.Duration) time.Duration {
 }
 
 func (r *Redlock) prepare(key string, ttl time.Duration) (keyFamily, error) {
-	if err := checkTTL(ttl); err != nil {
+	if err := checkRedlockTTL(ttl); err != nil {
 		return keyFamily{}, err
 	}
 	return makeKeys(r.cfg.prefix, key)
 }
 
+// fenceTTL is how long a fence counter stays after an acquire or extend
+// with lease ttl: FenceTTL, at least twice the lease (ttl is at most 50
+// years, so 2*ttl does not overflow).
 func (r *Redlock) fenceTTL(ttl time.Duration) time.Duration {
 	return max(r.cfg.fenceTTL, 2*ttl)
+}
+
+// releasedKey is the marker a failed attempt's release leaves for its
+// owner: while it exists, that owner's round-one script takes nothing.
+// It shares the key family's hash tag.
+func releasedKey(keys keyFamily, owner string) string {
+	return keys.lease + ":x:" + owner
 }
 
 // nodeTimeout is the bound of one round for a lease of length ttl.
@@ -353,9 +452,10 @@ func (r *Redlock) try(ctx context.Context, key string, keys keyFamily, ttl time.
 		}
 	}
 	// Release everywhere at once, also where no reply came: the SET may
-	// have run there after the round gave up on it.
+	// have run there after the round gave up on it, or may still land
+	// there later; the marker left there makes that late SET a no-op.
 	r.fanout(context.WithoutCancel(ctx), r.all, timeout, func(ctx context.Context, i int) nodeReply {
-		return r.releaseNode(ctx, i, keys, a.owner)
+		return r.releaseMarked(ctx, i, keys, a.owner, a.releaseMark(i))
 	})
 	return nil, a.holderTTL(), err
 }
@@ -363,6 +463,7 @@ func (r *Redlock) try(ctx context.Context, key string, keys keyFamily, ttl time.
 // nodeReply is one master's answer in one round.
 type nodeReply struct {
 	ok   bool          // acquired, raised, extended or released there
+	held bool          // round one or two, not ok: another owner holds the lease there
 	n    uint64        // round one, ok: the master's fence counter
 	pttl time.Duration // round one, held: the other owner's remaining lease
 	err  error         // no answer (a Redis error, the round's timeout); ok is false
@@ -421,7 +522,7 @@ func (r *Redlock) fanout(ctx context.Context, nodes []int, timeout time.Duration
 var errNotAsked = errors.New("not asked")
 
 func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
-	res, err := redlockAcquireScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence},
+	res, err := redlockAcquireScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence, releasedKey(keys, owner)},
 		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds()).Slice()
 	if err != nil {
 		return nodeReply{err: fmt.Errorf("master %d: %w", i, err)}
@@ -430,9 +531,12 @@ func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner 
 	if err != nil {
 		return nodeReply{err: fmt.Errorf("master %d: %w", i, err)}
 	}
-	if ok != 1 {
+	switch ok {
+	case 0:
 		pttl, _ := strconv.ParseInt(val, 10, 64)
-		return nodeReply{pttl: max(time.Duration(pttl)*time.Millisecond, 0)}
+		return nodeReply{held: true, pttl: max(time.Duration(pttl)*time.Millisecond, 0)}
+	case -1: // this attempt was already released here: a late request
+		return nodeReply{}
 	}
 	n, err := strconv.ParseUint(val, 10, 64)
 	if err != nil {
@@ -451,17 +555,26 @@ func (r *Redlock) extendNode(ctx context.Context, i int, keys keyFamily, owner s
 		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds()))
 }
 
+// releaseNode releases a held lease on master i.
 func (r *Redlock) releaseNode(ctx context.Context, i int, keys keyFamily, owner string) nodeReply {
-	return r.intNode(i, redlockReleaseScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence}, owner))
+	return r.releaseMarked(ctx, i, keys, owner, 0)
 }
 
-// intNode reads a script's 1 (ok) or 0 (not this owner's lease) reply.
+// releaseMarked releases owner's lease on master i and, with mark > 0,
+// leaves the released marker there for mark (a failed attempt).
+func (r *Redlock) releaseMarked(ctx context.Context, i int, keys keyFamily, owner string, mark time.Duration) nodeReply {
+	return r.intNode(i, redlockReleaseScript.Run(ctx, r.nodes[i],
+		[]string{keys.lease, keys.fence, releasedKey(keys, owner)}, owner, mark.Milliseconds()))
+}
+
+// intNode reads a script's 1 (ok), 0 (not this owner's lease; for the
+// raise: another owner's) or -1 (raise: nobody's) reply.
 func (r *Redlock) intNode(i int, cmd *redis.Cmd) nodeReply {
 	n, err := cmd.Int()
 	if err != nil {
 		return nodeReply{err: fmt.Errorf("master %d: %w", i, err)}
 	}
-	return nodeReply{ok: n == 1}
+	return nodeReply{ok: n == 1, held: n == 0}
 }
 
 // tally counts a round's replies: granted, refused (another owner's lease
@@ -498,6 +611,16 @@ type rlAttempt struct {
 
 func (r *Redlock) newAttempt(key string, keys keyFamily, ttl time.Duration) *rlAttempt {
 	return &rlAttempt{r: r, key: key, keys: keys, owner: newOwner(), ttl: ttl, start: r.now()}
+}
+
+// releaseMark is how long the release of the failed attempt leaves the
+// released marker on master i: the lease length where round one got no
+// reply (its SET may still land), none elsewhere.
+func (a *rlAttempt) releaseMark(i int) time.Duration {
+	if i < len(a.acq) && a.acq[i].err != nil && !errors.Is(a.acq[i].err, errNotAsked) {
+		return a.ttl
+	}
+	return 0
 }
 
 // deadline is the end of the attempt's validity: no master's lease, set
@@ -553,19 +676,35 @@ func (a *rlAttempt) afterRaise(raised []nodeReply) (*RedlockLease, error) {
 }
 
 // quorumError is nil when a quorum granted the round. Otherwise it wraps
-// ErrLeaseHeld when a quorum answered (other owners hold the rest), and
-// ErrNoQuorum joined with the masters' errors when too few answered.
+// ErrLeaseHeld when a quorum answered and at least one master reported
+// another owner holding the lease, and ErrNoQuorum (joined with the
+// masters' errors, if any) when too few answered or no other owner was
+// seen (the lease vanished from a master between the rounds).
 func (a *rlAttempt) quorumError(replies []nodeReply, what string) error {
 	q, n := a.r.quorum, len(a.r.nodes)
 	ok, refused, errs := tally(replies)
 	if ok >= q {
 		return nil
 	}
-	if ok+refused >= q || len(errs) == 0 {
-		return fmt.Errorf("%w: %q: %d of %d masters granted it, %d needed", ErrLeaseHeld, a.key, ok, n, q)
+	held := 0
+	for _, rep := range replies {
+		if rep.held && !rep.ok && rep.err == nil {
+			held++
+		}
 	}
-	return fmt.Errorf("%w: %s %q: %d of %d masters answered, %d granted, %d needed: %w",
-		ErrNoQuorum, what, a.key, ok+refused, n, ok, q, errors.Join(errs...))
+	if held > 0 && ok+refused >= q {
+		return fmt.Errorf("%w: %q: %d of %d masters granted it, %d needed; another owner holds it on %d", ErrLeaseHeld, a.key, ok, n, q, held)
+	}
+	return withCauses(fmt.Errorf("%w: %s %q: %d of %d masters answered, %d granted, %d needed, another owner holds it on %d",
+		ErrNoQuorum, what, a.key, ok+refused, n, ok, q, held), errs)
+}
+
+// withCauses joins the masters' errors, if any, to err.
+func withCauses(err error, errs []error) error {
+	if len(errs) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w: %w", err, errors.Join(errs...))
 }
 
 // holderTTL is the shortest remaining lease of another owner seen in round

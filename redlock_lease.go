@@ -59,26 +59,34 @@ func (l *RedlockLease) Deadline() time.Time {
 // lost: stop the protected work and call Release.
 func (l *RedlockLease) Lost() <-chan struct{} { return l.lost }
 
-// Extend sets the lease's remaining time to ttl on every master that still
-// holds it for this owner, and succeeds when a quorum did so in time (the
-// new validity counts from the start of the call, less the drift
-// allowance). It returns an error wrapping [ErrLeaseLost], and closes
-// Lost, when more than N−quorum masters say the lease is not this owner's
-// (or it is already known lost or released); an error wrapping
-// [ErrNoQuorum] when too few masters answered, leaving the lease as it
-// was; and [ErrClosed] after the Redlock's Close.
+// Extend makes the lease last at least ttl from now on every master that
+// still holds it for this owner, and succeeds when a quorum did so in time
+// (the new validity counts from the start of the call, less the drift
+// allowance). It never shortens the lease: a master whose lease has more
+// than ttl left keeps it, and Deadline moves only forward. So an extend
+// that fails, or whose request reaches a master late, leaves every
+// master's lease and the local Deadline as they were.
+//
+// It returns [ErrClosed] after the Redlock's Close (before checking its
+// arguments); an error wrapping [ErrInvalidTTL] for a ttl outside 10ms to
+// 50 years, as [Redlock.TryAcquire]; an error wrapping [ErrLeaseLost], and
+// closes Lost, when more than N−quorum masters say the lease is not this
+// owner's (or it is already known lost or released); and an error
+// wrapping [ErrNoQuorum] when too few masters answered, or a quorum
+// answered only after the new validity was spent, leaving the lease as it
+// was.
 func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrLeaseLost
-	}
-	if err := checkTTL(ttl); err != nil {
-		return err
 	}
 	r := l.r
 	if err := r.enter(); err != nil {
 		return err
 	}
 	defer r.leave()
+	if err := checkRedlockTTL(ttl); err != nil {
+		return err
+	}
 	l.mu.Lock()
 	gone := l.isLost || l.released
 	l.mu.Unlock()
@@ -98,16 +106,22 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 			l.markLost()
 			return fmt.Errorf("%w: %q: %d of %d masters no longer hold it", ErrLeaseLost, l.key, refused, len(r.nodes))
 		}
-		return fmt.Errorf("%w: extend lease %q: %d of %d masters extended it in time, %d needed: %w",
-			ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum, errors.Join(errs...))
+		if ok < r.quorum {
+			return withCauses(fmt.Errorf("%w: extend lease %q: %d of %d masters extended it, %d needed; the lease is as it was",
+				ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum), errs)
+		}
+		return fmt.Errorf("%w: extend lease %q: %d of %d masters confirmed it, but only after its new validity (%v) was spent; the lease is as it was",
+			ErrNoQuorum, l.key, ok, len(r.nodes), ttl-drift(ttl))
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.isLost || l.released {
 		return fmt.Errorf("%w: %q: validity ran out or the lease was released while extending", ErrLeaseLost, l.key)
 	}
-	l.deadline = deadline
-	l.expiry.Reset(deadline.Sub(now))
+	if deadline.After(l.deadline) { // the masters never shorten it: neither does the deadline
+		l.deadline = deadline
+		l.expiry.Reset(deadline.Sub(now))
+	}
 	r.cfg.sig.lease(l.key, LeaseExtended)
 	return nil
 }
@@ -115,9 +129,12 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 // KeepAlive starts a watchdog that renews the lease, each time for the
 // length it was acquired with, at a random point between a third and a
 // half of that length, until Release, until the lease is lost, until the
-// Redlock's Close, or until maxHold after the acquire. The last renewal
-// before the cap is shortened so that the lease ends at the cap. A
-// maxHold of zero or less means no cap.
+// Redlock's Close, or until maxHold after the acquire. No renewal takes
+// the lease past the cap: the last one before it extends the lease only
+// up to the cap, and none is made when less than 10ms is left to it.
+// Renewals never shorten the lease ([RedlockLease.Extend]), so a maxHold
+// shorter than the lease length leaves the lease to end with its acquire.
+// A maxHold of zero or less means no cap.
 //
 // A renewal that finds no quorum is retried until the lease's validity
 // runs out; then [RedlockLease.Lost] is closed. Release waits for the
@@ -173,7 +190,7 @@ func (l *RedlockLease) renew(w *watchdog, capAt time.Time) {
 		ext := l.ttl
 		if !capAt.IsZero() {
 			ext = min(ext, capAt.Sub(l.r.now()))
-			if ext < time.Millisecond {
+			if ext < redlockMinLease {
 				return // at the cap: the lease runs out by itself.
 			}
 		}
@@ -203,12 +220,20 @@ func (l *RedlockLease) renew(w *watchdog, capAt time.Time) {
 // N−quorum masters no longer held it (it expired or passed to another
 // owner; their leases are left alone); an error wrapping [ErrNoQuorum]
 // when too few masters answered (those that did not keep it until it
-// expires); and [ErrClosed] after the Redlock's Close. Release is
-// nil-safe, and releasing again after a successful Release returns nil.
+// expires); and [ErrClosed] after the Redlock's Close, also for a lease
+// released before it (it then only stops the lease's local timers).
+// Release is nil-safe, and releasing again after a successful Release
+// returns nil.
 func (l *RedlockLease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
+	r := l.r
+	if err := r.enter(); err != nil {
+		l.finish() // Close has ended the watchdog; stop the expiry timer
+		return err
+	}
+	defer r.leave()
 	l.mu.Lock()
 	l.released = true
 	freed := l.freed
@@ -220,11 +245,6 @@ func (l *RedlockLease) Release(ctx context.Context) error {
 		return nil
 	}
 	l.stopWatchdog()
-	r := l.r
-	if err := r.enter(); err != nil {
-		return err
-	}
-	defer r.leave()
 	replies := r.fanout(ctx, r.all, r.nodeTimeout(l.ttl), func(ctx context.Context, i int) nodeReply {
 		return r.releaseNode(ctx, i, l.keys, l.owner)
 	})
@@ -238,8 +258,8 @@ func (l *RedlockLease) Release(ctx context.Context) error {
 	case refused > len(r.nodes)-r.quorum:
 		return fmt.Errorf("%w: %q: it expired or passed to another owner before release (%d of %d masters)", ErrLeaseLost, l.key, refused, len(r.nodes))
 	}
-	return fmt.Errorf("%w: release lease %q: %d of %d masters released it, %d needed: %w",
-		ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum, errors.Join(errs...))
+	return withCauses(fmt.Errorf("%w: release lease %q: %d of %d masters released it, %d needed",
+		ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum), errs)
 }
 
 // stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
@@ -254,7 +274,8 @@ func (l *RedlockLease) stopWatchdog() {
 	}
 }
 
-// finish stops the lease's local timers without touching Redis (tests).
+// finish stops the lease's local timers without touching Redis (tests,
+// and Release after Close).
 func (l *RedlockLease) finish() {
 	l.stopWatchdog()
 	l.mu.Lock()

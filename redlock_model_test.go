@@ -169,7 +169,7 @@ func TestModelRedlock(t *testing.T) {
 		fail := func(at *rlModelAttempt) {
 			at.phase = 2
 			for i := range n {
-				m.r.releaseNode(ctx, i, m.keys, at.a.owner)
+				m.r.releaseMarked(ctx, i, m.keys, at.a.owner, at.a.releaseMark(i))
 			}
 		}
 

@@ -75,10 +75,16 @@ func (g *redlockRig) holders(key, owner string) int {
 }
 
 func TestNewRedlockPanics(t *testing.T) {
-	c := func() redis.UniversalClient { return redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) }
-	a, b, d, e := c(), c(), c(), c()
+	var all []redis.UniversalClient
+	c := func(addr string) redis.UniversalClient {
+		x := redis.NewClient(&redis.Options{Addr: addr})
+		all = append(all, x)
+		return x
+	}
+	a, b, d, e := c("127.0.0.1:1"), c("127.0.0.1:2"), c("127.0.0.1:3"), c("127.0.0.1:4")
+	aAgain, aMapped := c("127.0.0.1:1"), c("[::ffff:127.0.0.1]:1")
 	defer func() {
-		for _, x := range []redis.UniversalClient{a, b, d, e} {
+		for _, x := range all {
 			x.Close()
 		}
 	}()
@@ -93,7 +99,10 @@ func TestNewRedlockPanics(t *testing.T) {
 		{"even", []redis.UniversalClient{a, b, d, e}, nil, "odd number"},
 		{"nil client", []redis.UniversalClient{a, nil, d}, nil, "nil Redis client"},
 		{"same client twice", []redis.UniversalClient{a, b, a}, nil, "same Redis client"},
-		{"negative NodeTimeout", []redis.UniversalClient{a, b, d}, &RedlockOptions{NodeTimeout: -1}, "NodeTimeout is negative"},
+		{"same master, two clients", []redis.UniversalClient{a, b, aAgain}, nil, "same master 127.0.0.1:1"},
+		{"same master, IPv4-mapped", []redis.UniversalClient{aMapped, b, a}, nil, "same master 127.0.0.1:1"},
+		{"negative NodeTimeout", []redis.UniversalClient{a, b, d}, &RedlockOptions{NodeTimeout: -1}, "NodeTimeout is -1ns"},
+		{"MaxWait above 50 years", []redis.UniversalClient{a, b, d}, &RedlockOptions{MaxWait: redlockMaxLease + 1}, "MaxWait"},
 		{"PollMax below PollMin", []redis.UniversalClient{a, b, d}, &RedlockOptions{PollMin: time.Second, PollMax: time.Millisecond}, "PollMax"},
 		{"bad prefix", []redis.UniversalClient{a, b, d}, &RedlockOptions{Prefix: "a{b"}, "prefix"},
 	}

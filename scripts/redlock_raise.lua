@@ -3,10 +3,15 @@
 -- here. Idempotent, so a retried raise is harmless.
 -- KEYS[1] lease, KEYS[2] fence hash
 -- ARGV[1] owner, ARGV[2] token (decimal), ARGV[3] fence ttl ms
--- Returns 1 when the counter is now at least the token, 0 when the lease
--- is not this owner's here.
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then
-  return 0
+-- Returns 1 when the counter is now at least the token, 0 when another
+-- owner holds the lease here, -1 when nobody does (it expired, or the
+-- master restarted empty).
+local cur = redis.call('GET', KEYS[1])
+if cur ~= ARGV[1] then
+  if cur then
+    return 0
+  end
+  return -1
 end
 local n = redis.call('HGET', KEYS[2], 'n')
 if not n or tonumber(n) < tonumber(ARGV[2]) then
