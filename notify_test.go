@@ -95,6 +95,7 @@ func countAcquires(rdb redis.UniversalClient) *acquires {
 }
 
 func (a *acquires) DialHook(next redis.DialHook) redis.DialHook { return next }
+
 // The replica wait sends a script in a pipeline (with WAIT or INFO), so
 // both hooks count.
 func (a *acquires) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {

@@ -50,9 +50,9 @@ type Locker struct {
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
 
-	callMu sync.Mutex     // guards closed against calls starting
-	closed bool           // Close began
-	calls  sync.WaitGroup // calls whose callers left (see leaveOnDone)
+	callMu sync.Mutex      // guards closed against calls starting
+	closed bool            // Close began
+	calls  sync.WaitGroup  // calls whose callers left (see leaveOnDone)
 	ctx    context.Context // ends on Close: callers waiting in TryAcquire or Acquire leave
 	cancel context.CancelFunc
 }
