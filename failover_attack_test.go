@@ -1,0 +1,57 @@
+package herd
+
+// Attacks on the failover/fencing claims (issue 13): doc.go "Failure
+// behaviour", README "Failover", docs/faults.md "Failover (Sentinel)",
+// the godoc of ReplicaAcks/ReplicaTimeout and ErrNotReplicated, and
+// replicate.go. Each test here failed on the code it was written against.
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/herdkit/herd/internal/redistest"
+	"github.com/redis/go-redis/v9"
+)
+
+// TestReplicaWaitOnTheScriptsConnectionRing attacks replicate.go's
+// "followed by a WAIT for the replicas, pipelined on the same connection"
+// and ErrNotReplicated's godoc (returned when too few replicas
+// acknowledged) on a *redis.Ring, which doc.go "Redis Ring" says works.
+// A Ring pipeline routes each command by its first key; WAIT (and INFO
+// replication) have none, so go-redis sends them to a RANDOM shard, not
+// to the shard that ran the script. Shard a has a replica, shard b has
+// none. With ReplicaAcks 1, a Set of a key on b must always fail with
+// ErrNotReplicated (nothing replicated it) and a Set of a key on a must
+// always succeed; with the WAIT on a random shard, some Sets of b's key
+// are acknowledged (WAIT answered by a's replica) and some of a's key
+// are refused.
+func TestReplicaWaitOnTheScriptsConnectionRing(t *testing.T) {
+	ctx := context.Background()
+	sa, sb, rep := redistest.Start(t), redistest.Start(t), redistest.Start(t)
+	rc := rep.Client(t)
+	follow(t, rc, sa)
+	waitFor(t, 20*time.Second, "the replica's link", func() bool {
+		return replInfo(rc, "master_link_status") == "up"
+	})
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": sa.Addr(), "b": sb.Addr()}})
+	defer ring.Close()
+	keys := ringKeys(t, ring, DefaultPrefix)
+	c := New(ring, &Options{ReplicaAcks: 1, ReplicaTimeout: 50 * time.Millisecond})
+	defer c.Close()
+	var wrongOK, wrongErr int
+	for i := 0; i < 16; i++ {
+		if err := c.Set(ctx, keys[sb.Addr()], []byte("v"), time.Minute); err == nil {
+			wrongOK++ // a write on b, which has no replica, acknowledged
+		} else if !errors.Is(err, ErrNotReplicated) {
+			t.Fatalf("Set on b = %v, want ErrNotReplicated", err)
+		}
+		if err := c.Set(ctx, keys[sa.Addr()], []byte("v"), time.Minute); err != nil {
+			wrongErr++ // a write on a, replicated, refused
+		}
+	}
+	if wrongOK > 0 || wrongErr > 0 {
+		t.Errorf("of 16 Sets per shard: %d on the unreplicated shard acknowledged, %d on the replicated shard refused; want 0 and 0 (WAIT sent to another shard than the script)", wrongOK, wrongErr)
+	}
+}
