@@ -55,3 +55,38 @@ func TestReplicaWaitOnTheScriptsConnectionRing(t *testing.T) {
 		t.Errorf("of 16 Sets per shard: %d on the unreplicated shard acknowledged, %d on the replicated shard refused; want 0 and 0 (WAIT sent to another shard than the script)", wrongOK, wrongErr)
 	}
 }
+
+// TestReplicaAcksAutoDoesNotWaitOnAMasterThatNeverHadOne attacks the
+// godoc of LockerOptions.ReplicaAcks ("ReplicaAcks 0 (the default) ...
+// does not wait on a master that never had one") and README/doc.go's
+// failover paragraph (a promoted replica keeps serving). A replica is
+// promoted (REPLICAOF NO ONE, as Sentinel does after a kill -9 of the
+// master of a master+1-replica set): it has no replica and never had one,
+// but Redis keeps its replication backlog active (a replica has one, for
+// a later partial resync), and learn counts "one while the backlog is
+// active". With default options every TryAcquire on the new master then
+// fails with ErrNotReplicated, for repl-backlog-ttl (1h by default).
+func TestReplicaAcksAutoDoesNotWaitOnAMasterThatNeverHadOne(t *testing.T) {
+	ctx := context.Background()
+	m, r := redistest.Start(t), redistest.Start(t)
+	mc, rc := m.Client(t), r.Client(t)
+	follow(t, rc, m)
+	waitFor(t, 20*time.Second, "the replica's link", func() bool {
+		return replInfo(rc, "master_link_status") == "up"
+	})
+	m.Kill(t) // the master dies; its only replica is promoted
+	_ = mc
+	if err := rc.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
+		t.Fatalf("REPLICAOF NO ONE: %v", err)
+	}
+	if n := replInfo(rc, "connected_slaves"); n != "0" {
+		t.Fatalf("connected_slaves on the promoted replica = %s, want 0", n)
+	}
+	l := NewLocker(rc, nil)
+	defer l.Close()
+	lease, err := l.TryAcquire(ctx, "res", time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire on a promoted replica that never had a replica (default options) = %v, want a lease (backlog active: %s)", err, replInfo(rc, "repl_backlog_active"))
+	}
+	_ = lease.Release(ctx)
+}
