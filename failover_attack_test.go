@@ -90,3 +90,39 @@ func TestReplicaAcksAutoDoesNotWaitOnAMasterThatNeverHadOne(t *testing.T) {
 	}
 	_ = lease.Release(ctx)
 }
+
+// TestReplicaAcksAutoWaitsForAReplicaAdded attacks doc.go "Failure
+// behaviour" ("A write herd reports done is on the replicas", with
+// ReplicaAcks 0 waiting for "every replica the master had in the last
+// minute", learned "about once a second"). replicate.run computes the
+// count to wait for BEFORE the INFO replication it appends to the same
+// pipeline, so the first write after a replica attached never waits for
+// it, however long ago it attached. Here a Cache writes once (no replica:
+// count 0), a replica attaches, its link is up for more than a second
+// (past "about once a second"), then it lags (SIGSTOP). The next Set is
+// acknowledged (nil) although the replica does not have it: a failover
+// promoting that replica would undo an acknowledged Set.
+func TestReplicaAcksAutoWaitsForAReplicaAdded(t *testing.T) {
+	ctx := context.Background()
+	m, r := redistest.Start(t), redistest.Start(t)
+	mc, rc := m.Client(t), r.Client(t)
+	c := New(mc, nil)
+	defer c.Close()
+	if err := c.Set(ctx, "k", []byte("v1"), time.Minute); err != nil {
+		t.Fatalf("first Set (no replica): %v", err)
+	}
+	follow(t, rc, m)
+	waitFor(t, 20*time.Second, "the replica's link", func() bool {
+		return replInfo(rc, "master_link_status") == "up" && replInfo(mc, "connected_slaves") == "1"
+	})
+	time.Sleep(1500 * time.Millisecond) // past "about once a second"
+	r.Pause(t)
+	defer r.Resume(t)
+	err := c.Set(ctx, "k", []byte("v2"), time.Minute)
+	if err == nil {
+		t.Errorf("Set with a replica attached for >1s but lagging = nil (master_repl_offset %s, replica %s), want ErrNotReplicated",
+			replInfo(mc, "master_repl_offset"), replInfo(mc, "slave0"))
+	} else if !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("Set = %v, want ErrNotReplicated", err)
+	}
+}
