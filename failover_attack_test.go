@@ -126,3 +126,32 @@ func TestReplicaAcksAutoWaitsForAReplicaAdded(t *testing.T) {
 		t.Errorf("Set = %v, want ErrNotReplicated", err)
 	}
 }
+
+// TestReplicaAcksAutoStartsAfreshOnANewMaster attacks the godoc of
+// LockerOptions.ReplicaAcks ("the count starts afresh when the master
+// changes (a new replication id)"). Like the previous test, the count a
+// write waits for is the one learned before it, so the first write after
+// a failover waits for the OLD master's count. A master with two replicas
+// dies (kill -9); one replica is promoted and the other follows it; the
+// client now reaches the new master, which has one replica. The Set
+// reaches every replica the new master has, yet it is refused with
+// ErrNotReplicated ("1 of 2 replicas").
+func TestReplicaAcksAutoStartsAfreshOnANewMaster(t *testing.T) {
+	ctx := context.Background()
+	p := startReplicated(t)
+	cl, target := switchable(t, p.master.Addr())
+	c := New(cl, nil)
+	defer c.Close()
+	if err := c.Set(ctx, "k", []byte("v1"), time.Minute); err != nil {
+		t.Fatalf("Set on the master with two replicas: %v", err)
+	}
+	p.master.Kill(t)
+	p.promote(t)
+	addr := p.replica.Addr()
+	target.Store(&addr)
+	time.Sleep(1100 * time.Millisecond) // past "about once a second": the write is due a new count
+	err := c.Set(ctx, "k", []byte("v2"), time.Minute)
+	if err != nil {
+		t.Errorf("first Set on the new master (1 replica, link up) = %v, want nil", err)
+	}
+}
