@@ -155,3 +155,45 @@ func TestReplicaAcksAutoStartsAfreshOnANewMaster(t *testing.T) {
 		t.Errorf("first Set on the new master (1 replica, link up) = %v, want nil", err)
 	}
 }
+
+
+// TestReplicaTimeoutAboveReadTimeout attacks the godoc of ReplicaTimeout
+// ("bounds each WAIT") and of ReplicaAcks ("When too few replicas
+// acknowledge: an acquire returns an error wrapping ErrNotReplicated and
+// hands out no lease (... the lease is released on a best-effort basis);
+// Set and Invalidate return it"). A ReplicaTimeout longer than the
+// client's ReadTimeout is accepted, but the client gives up reading the
+// WAIT's reply first: go-redis then marks every command of the pipeline,
+// the script's too, with the i/o timeout. Set returns a plain timeout
+// (not ErrNotReplicated), and TryAcquire returns a timeout without
+// releasing the lease the script took: the key stays locked for the
+// whole lease although nobody holds it.
+func TestReplicaTimeoutAboveReadTimeout(t *testing.T) {
+	ctx := context.Background()
+	m, r := redistest.Start(t), redistest.Start(t)
+	mc := m.Client(t, func(o *redis.Options) { o.ReadTimeout = 300 * time.Millisecond; o.MaxRetries = -1 })
+	rc := r.Client(t)
+	follow(t, rc, m)
+	waitFor(t, 20*time.Second, "the replica's link", func() bool {
+		return replInfo(rc, "master_link_status") == "up"
+	})
+	r.Pause(t)
+	defer r.Resume(t)
+	c := New(mc, &Options{ReplicaAcks: 1, ReplicaTimeout: time.Second})
+	defer c.Close()
+	if err := c.Set(ctx, "k", []byte("v"), time.Minute); !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("Set with its replica stopped = %v, want ErrNotReplicated", err)
+	}
+	l := NewLocker(mc, &LockerOptions{ReplicaAcks: 1, ReplicaTimeout: time.Second})
+	defer l.Close()
+	if lease, err := l.TryAcquire(ctx, "res", 5*time.Second); !errors.Is(err, ErrNotReplicated) || lease != nil {
+		t.Errorf("TryAcquire with its replica stopped = %v, %v; want no lease and ErrNotReplicated", lease, err)
+	}
+	other := NewLocker(m.Client(t), &LockerOptions{ReplicaAcks: -1})
+	defer other.Close()
+	if lease, err := other.TryAcquire(ctx, "res", time.Second); err != nil {
+		t.Errorf("TryAcquire by another process after the refused acquire = %v, want the lease (the refused one must have been released)", err)
+	} else {
+		_ = lease.Release(ctx)
+	}
+}
