@@ -156,7 +156,6 @@ func TestReplicaAcksAutoStartsAfreshOnANewMaster(t *testing.T) {
 	}
 }
 
-
 // TestReplicaTimeoutAboveReadTimeout attacks the godoc of ReplicaTimeout
 // ("bounds each WAIT") and of ReplicaAcks ("When too few replicas
 // acknowledge: an acquire returns an error wrapping ErrNotReplicated and
