@@ -178,12 +178,27 @@ func TestReplicaTimeoutAboveReadTimeout(t *testing.T) {
 	})
 	r.Pause(t)
 	defer r.Resume(t)
-	c := New(mc, &Options{ReplicaAcks: 1, ReplicaTimeout: time.Second})
+	// A ReplicaTimeout that does not fit in the client's ReadTimeout is a
+	// configuration error now; the default is cut to fit.
+	for _, build := range []func(){
+		func() { New(mc, &Options{ReplicaAcks: 1, ReplicaTimeout: time.Second}).Close() },
+		func() { NewLocker(mc, &LockerOptions{ReplicaAcks: 1, ReplicaTimeout: time.Second}).Close() },
+	} {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Error("a ReplicaTimeout of 1s with a ReadTimeout of 300ms was accepted")
+				}
+			}()
+			build()
+		}()
+	}
+	c := New(mc, &Options{ReplicaAcks: 1})
 	defer c.Close()
 	if err := c.Set(ctx, "k", []byte("v"), time.Minute); !errors.Is(err, ErrNotReplicated) {
 		t.Errorf("Set with its replica stopped = %v, want ErrNotReplicated", err)
 	}
-	l := NewLocker(mc, &LockerOptions{ReplicaAcks: 1, ReplicaTimeout: time.Second})
+	l := NewLocker(mc, &LockerOptions{ReplicaAcks: 1})
 	defer l.Close()
 	if lease, err := l.TryAcquire(ctx, "res", 5*time.Second); !errors.Is(err, ErrNotReplicated) || lease != nil {
 		t.Errorf("TryAcquire with its replica stopped = %v, %v; want no lease and ErrNotReplicated", lease, err)

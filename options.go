@@ -60,18 +60,23 @@ type LockerOptions struct {
 	//
 	// ReplicaAcks 0 (the default) waits for every replica the master has
 	// had attached in the last minute, and does not wait on a master that
-	// never had one. herd reads INFO replication about once a second, in
-	// the same pipeline as a write; the count starts afresh when the master
-	// changes (a new replication id). A master with no replica attached
-	// counts one while its replication backlog is active (repl-backlog-ttl,
-	// default 1h, after its last replica left). So a deposed master during
+	// never had one. herd reads INFO replication about once a second,
+	// before the write it precedes; the count starts afresh when the master
+	// changes (a new replication id). A master that never was a replica and
+	// has no replica attached counts one while its replication backlog is
+	// active (repl-backlog-ttl, default 1h, after its last replica left); a
+	// promoted replica (it has a second replication id) does not. So a
+	// deposed master during
 	// a failover, whose replicas are leaving it for the new master, refuses
 	// writes with [ErrNotReplicated] instead of acknowledging writes that
 	// only a departing replica has. The cost: for a minute after a replica
 	// leaves for good (or while one is attached but stalled), writes are
 	// refused. A positive ReplicaAcks waits for that many replicas always;
 	// -1 never waits (the behaviour before replica waits: fast, unsafe
-	// across failover). ReplicaTimeout bounds each WAIT. Default: 250ms.
+	// across failover). ReplicaTimeout bounds each WAIT. Default: 250ms,
+	// cut to half the client's ReadTimeout (a WAIT reply the client gives
+	// up on fails the write before it); a ReplicaTimeout at or above the
+	// ReadTimeout panics.
 	//
 	// When too few replicas acknowledge: an acquire returns an error
 	// wrapping [ErrNotReplicated] and hands out no lease (fail-closed; the
@@ -144,13 +149,16 @@ func resolveReplicaWait(owner string, acks int, timeout time.Duration) *replicaW
 	if timeout < 0 {
 		panic(fmt.Sprintf("herd: %s.ReplicaTimeout is negative (%v)", owner, timeout))
 	}
+	explicit := timeout != 0
 	if timeout == 0 {
 		timeout = defaultReplicaTimeout
 	}
 	if timeout < time.Millisecond {
 		panic(fmt.Sprintf("herd: %s.ReplicaTimeout %v is below the millisecond WAIT counts in", owner, timeout))
 	}
-	return newReplicaWait(acks, timeout)
+	w := newReplicaWait(acks, timeout)
+	w.explicit, w.owner = explicit, owner
+	return w
 }
 
 // The durations herd accepts. A value's time-to-live is counted in the

@@ -31,8 +31,10 @@ const (
 // the same pipeline about once a second, so a deposed master whose
 // replicas are leaving it refuses writes instead of acknowledging them.
 type replicaWait struct {
-	acks    int // <0 never wait, 0 auto, >0 that many replicas
-	timeout time.Duration
+	acks     int // <0 never wait, 0 auto, >0 that many replicas
+	timeout  time.Duration
+	explicit bool   // the timeout was configured (see fitReadTimeout)
+	owner    string // "Options" or "LockerOptions", for messages
 
 	mu    sync.Mutex
 	nodes map[string]*nodeReplicas // by master address; "" for non-cluster clients
@@ -97,7 +99,10 @@ func (n *nodeReplicas) learn(cmd *redis.StringCmd) {
 		return
 	}
 	c, _ := strconv.Atoi(infoValue(info, "connected_slaves"))
-	if c == 0 && infoValue(info, "repl_backlog_active") == "1" {
+	if c == 0 && infoValue(info, "repl_backlog_active") == "1" && strings.Trim(infoValue(info, "master_replid2"), "0") == "" {
+		// A master that never was a replica, with a backlog: it had
+		// replicas, which left (a deposed master). A promoted replica
+		// keeps its backlog too, but has a second replication id.
 		c = 1
 	}
 	id := infoValue(info, "master_replid")
@@ -146,9 +151,22 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 		}
 		target, addr = node, node.Options().Addr
 	}
+	if ring, ok := rdb.(*redis.Ring); ok {
+		// A Ring pipeline routes each command by its first argument: WAIT
+		// and INFO must go to the script's shard, on its connection.
+		shard, err := ring.GetShardClientForKey(route)
+		if err != nil {
+			cmd := redis.NewCmd(ctx)
+			cmd.SetErr(err)
+			return cmd, nil
+		}
+		target, addr = shard, shard.Options().Addr
+	}
 	n := w.node(addr)
+	// Count the replicas before the write, not after it: a replica that
+	// attached since the last count must be waited for by this write.
 	due := w.due(n)
-	if due && (cluster || !n.known.Load()) {
+	if due {
 		w.probe(ctx, target, n)
 		due = false
 	}
@@ -242,13 +260,15 @@ func (w *replicaWait) prime(ctx context.Context, rdb redis.UniversalClient, rout
 			return
 		}
 		target, addr = node, node.Options().Addr
-		n := w.node(addr)
-		if w.due(n) {
-			w.probe(ctx, target, n)
-		}
-		return
 	}
-	if n := w.node(addr); !n.known.Load() && w.due(n) {
+	if ring, ok := rdb.(*redis.Ring); ok {
+		shard, err := ring.GetShardClientForKey(route)
+		if err != nil {
+			return
+		}
+		target, addr = shard, shard.Options().Addr
+	}
+	if n := w.node(addr); w.due(n) {
 		w.probe(ctx, target, n)
 	}
 }
@@ -267,4 +287,28 @@ func isRedirect(err error) bool {
 
 func isNoScript(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT")
+}
+
+// fitReadTimeout makes the WAIT end well before the client's ReadTimeout:
+// otherwise go-redis gives up reading its reply and fails every command of
+// the pipeline, the script that ran included. A ReplicaTimeout at or above
+// the ReadTimeout panics; one above half of it is cut to that half.
+func (w *replicaWait) fitReadTimeout(rdb redis.UniversalClient) {
+	var rt time.Duration
+	switch c := rdb.(type) {
+	case *redis.Client:
+		rt = c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		rt = c.Options().ReadTimeout
+	case *redis.Ring:
+		rt = c.Options().ReadTimeout
+	}
+	if w.acks < 0 || rt <= 0 {
+		return
+	}
+	if w.explicit && w.timeout >= rt {
+		panic(fmt.Sprintf("herd: %s.ReplicaTimeout %v is not below the client's ReadTimeout %v: the reply of the WAIT would time out and fail the write before it", w.owner, w.timeout, rt))
+	}
+	// Leave half the ReadTimeout for the round trip and the script.
+	w.timeout = max(min(w.timeout, rt/2), time.Millisecond)
 }

@@ -78,6 +78,7 @@ func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
 		panic("herd: NewLocker with a nil Redis client")
 	}
 	l := &Locker{rdb: rdb, cfg: opt.resolve(), notify: newNotifier(rdb), done: make(chan struct{})}
+	l.cfg.repl.fitReadTimeout(rdb)
 	l.ctx, l.cancel = context.WithCancel(context.Background())
 	return l
 }
