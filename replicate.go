@@ -239,6 +239,7 @@ func (w *replicaWait) probe(ctx context.Context, target pipeliner, n *nodeReplic
 	pipe := target.Pipeline()
 	_ = pipe.Process(ctx, info)
 	_, _ = pipe.Exec(ctx)
+	n.checked.Store(time.Now().UnixNano()) // counted as of the reply: not due again at once
 	n.learn(info)
 	if err := info.Err(); err == nil || !isInfraError(err) {
 		n.known.Store(true) // an INFO refused (ACL) is not asked again
