@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"log/slog"
@@ -319,32 +320,27 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 // land. Either way the key's local write count is raised before untilDone
 // returns, and again when the write ends (see currency).
 func (c *Cache) untilDone(ctx context.Context, key string, write func() error) error {
-	if ctx.Done() == nil {
+	_, err := leaveOnDone(ctx, c.track, func() (struct{}, error) {
 		err := write()
 		c.wrote(key) // even on an error: the write may have run
-		return err
+		return struct{}{}, err
+	}, nil)
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		c.wrote(key) // the caller left: the write may still land after it
 	}
+	return err
+}
+
+// track registers work that may outlive its caller (see leaveOnDone);
+// Close waits for it. It reports false once Close began.
+func (c *Cache) track() (done func(), ok bool) {
 	c.mu.RLock()
+	defer c.mu.RUnlock()
 	if c.closed {
-		c.mu.RUnlock()
-		return ErrClosed
+		return nil, false
 	}
 	c.wg.Add(1)
-	c.mu.RUnlock()
-	done := make(chan error, 1)
-	go func() {
-		defer c.wg.Done()
-		err := write()
-		c.wrote(key)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		c.wrote(key)
-		return ctx.Err()
-	}
+	return c.wg.Done, true
 }
 
 // writesOf returns the count of this Cache's returned writes of key's
