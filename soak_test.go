@@ -615,7 +615,7 @@ func checkSoak(t *testing.T, h []soakOp, total Stats, t0 time.Time) string {
 	for k := range done {
 		slices.SortFunc(done[k], func(a, b soakOp) int { return int(a.end - b.end) })
 	}
-	stale := 0
+	stale, unchecked := 0, 0
 	for _, r := range gets {
 		if r.class != "-" {
 			continue
@@ -627,6 +627,13 @@ func checkSoak(t *testing.T, h []soakOp, total Stats, t0 time.Time) string {
 			continue
 		}
 		w := ws[i]
+		if r.outcome == OutcomeFallback.String() && r.proc != w.proc {
+			// Guarantee 7's stated limit: a value loaded without Redis
+			// (fail-open) cannot be checked against another process's
+			// writes. The writer's own process is still held to it.
+			unchecked++
+			continue
+		}
 		stale++
 		if stale <= 5 {
 			t.Errorf("stale read: process %d read key %d at version %d (id %s, outcome %s) %v after a %c of version %d completed",
@@ -705,7 +712,7 @@ func checkSoak(t *testing.T, h []soakOp, total Stats, t0 time.Time) string {
 		return durs[min(len(durs)-1, int(float64(len(durs))*p))].Round(time.Microsecond)
 	}
 	return fmt.Sprintf("%d Gets (outcomes %v), %d writes, %d loads (%d leased and successful); Get latency p50 %v p99 %v p999 %v max %v (bound %v); errors %v; "+
-		"read-your-writes: %d stale reads; %d overlapping leased loads; load bound: excess %d (worst %d per key-window), budget %d",
+		"read-your-writes: %d stale reads (%d fail-open reads behind another process's write, the stated limit); %d overlapping leased loads; load bound: excess %d (worst %d per key-window), budget %d",
 		len(gets), outcomes, len(writes), len(loads), leasedTotal, pct(0.5), pct(0.99), pct(0.999), pct(1), bound, errCount,
-		stale, overlaps, excess, worst, budget)
+		stale, unchecked, overlaps, excess, worst, budget)
 }
