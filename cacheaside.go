@@ -85,6 +85,14 @@ type Cache struct {
 	// returned, per stripe of keys (see currency).
 	writes [64]atomic.Uint64
 
+	// tagsOn: this Cache has seen a tag, so its rebuilds read the purge
+	// generation (see tags.go). genKey is its name.
+	tagsOn         atomic.Bool
+	genKey         string
+	oneMaster      bool         // rdb is a client of one master (not a Cluster or a Ring)
+	genPausedUntil atomic.Int64 // unix ns: reads of the generation pause until then (see genRead)
+	tagHooks       *tagHooks    // tests only
+
 	now  func() time.Time // the clock for freshness; tests inject a fake
 	rand func() float64   // uniform in [0, 1) for XFetch; tests inject a seeded one
 }
@@ -132,6 +140,8 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		refreshing: make(map[string]struct{}),
 		backingOff: make(map[string]time.Time),
 		refreshSem: make(chan struct{}, cfg.MaxRefreshes),
+		genKey:     genKey(cfg.Prefix),
+		oneMaster:  isOneMaster(rdb),
 		now:        time.Now,
 		rand:       rand.Float64,
 	}
@@ -255,6 +265,12 @@ const writeMarkerTTL = time.Minute
 // first, Set returns at once with an error wrapping ctx.Err(); the write
 // may still land.
 func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
+	return c.set(ctx, key, val, ttl, nil)
+}
+
+// set is Set, recording the key in the index of each of tags (valid,
+// see checkTags) first.
+func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Duration, tags []string) error {
 	if c.isClosed() {
 		return ErrClosed
 	}
@@ -270,9 +286,22 @@ func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Durati
 	}
 	ttl = c.jitter(ttl)
 	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).encode()
+	if len(tags) > 0 {
+		c.useTags()
+	}
 	err = c.untilDone(ctx, key, func() error {
+		hard := ttl + c.cfg.StaleFor
+		if len(tags) > 0 {
+			// The index must cover the value from before it is written
+			// until after it expires: the value's PX counts from now.
+			deadline := time.Now().Add(hard)
+			if _, err := c.recordTags(ctx, keys.hash, tags, hard, nil); err != nil {
+				return err
+			}
+			hard = max(time.Until(deadline), time.Millisecond)
+		}
 		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, setScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
-			env, (ttl + c.cfg.StaleFor).Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
+			env, hard.Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
 			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds())
 		if err := cmd.Err(); err != nil {
 			return err
@@ -386,6 +415,16 @@ func (c *Cache) Close() error {
 func readsReplicas(rdb redis.UniversalClient) bool {
 	cc, ok := rdb.(*redis.ClusterClient)
 	return ok && cc.Options().ReadOnly
+}
+
+// isOneMaster reports whether rdb talks to one master: every key of herd's
+// is on it.
+func isOneMaster(rdb redis.UniversalClient) bool {
+	switch rdb.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+		return false
+	}
+	return true
 }
 
 // readValue GETs a value key from its master.

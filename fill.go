@@ -33,6 +33,9 @@ type Fill struct {
 	writes uint64     // the key's local write count at start (see currency)
 	local  *localFill // this process's waiters, when registered
 	once   sync.Once
+
+	tagMu sync.Mutex
+	tags  tagging // set by SetTags
 }
 
 // localFill lets callers of Begin in the same process wait for a Fill.
@@ -347,7 +350,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 			c.stats.loads.Add(1)
 			c.observeLoad(fl.f, fl.lease.token, delta, nil)
 			env.fence = fl.lease.token
-			cur = c.commit(fl.f, fl.lease, env, fl.start, fl.writes)
+			cur = c.commit(fl.f, fl.lease, env, fl.start, fl.writes, fl.tagging())
 		}
 		fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: env.writtenAt, Expires: env.softExp}, nil, cur)
 	})

@@ -26,6 +26,7 @@ type keyFamily struct {
 	failed  string // P:{T}:x  failure marker: "<fence>|<message>" of a failed load, short-lived
 	channel string // P:{T}:n  pub/sub channel for wake-ups
 	writes  string // P:{T}:w: prefix of the markers of Set and Invalidate runs ("<prefix><write id>")
+	hash    string // T itself: the key's member in a tag index (see tags.go)
 }
 
 // makeKeys maps a user key to its Redis names.
@@ -40,11 +41,16 @@ func makeKeys(prefix, key string) (keyFamily, error) {
 		return keyFamily{}, fmt.Errorf("%w: empty key", ErrInvalidKey)
 	}
 	sum := sha256.Sum256([]byte(key))
+	return familyOf(prefix, base64.RawURLEncoding.EncodeToString(sum[:])), nil
+}
+
+// familyOf returns the names of the key whose hash tag is t.
+func familyOf(prefix, t string) keyFamily {
 	var b strings.Builder
-	b.Grow(len(prefix) + 2 + base64.RawURLEncoding.EncodedLen(len(sum)) + 1)
+	b.Grow(len(prefix) + 2 + len(t) + 2)
 	b.WriteString(prefix)
 	b.WriteString(":{")
-	b.WriteString(base64.RawURLEncoding.EncodeToString(sum[:]))
+	b.WriteString(t)
 	b.WriteString("}:")
 	base := b.String()
 	return keyFamily{
@@ -56,7 +62,8 @@ func makeKeys(prefix, key string) (keyFamily, error) {
 		failed:  base + "x",
 		channel: base + "n",
 		writes:  base + "w:",
-	}, nil
+		hash:    t,
+	}
 }
 
 // checkPrefix panics when a configured prefix could break the key layout.

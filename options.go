@@ -377,6 +377,14 @@ type Options struct {
 	// every replica the master had in the last minute, and 250ms.
 	ReplicaAcks    int
 	ReplicaTimeout time.Duration
+
+	// MaxTagEntries bounds a tag's index: the keys whose values carry the
+	// tag (see [SetTags]), each counted until its value expires (plus a
+	// minute). A value that would be one too many is not stored
+	// ([ErrTagFull]): a purge must find every value with its tag. A purge
+	// reads the whole index, in pages of 1000. At most 10,000,000.
+	// Default: 100,000.
+	MaxTagEntries int
 }
 
 // cacheConfig is Options with every default applied.
@@ -421,7 +429,7 @@ func (o *Options) resolve() cacheConfig {
 	}
 	for name, n := range map[string]int{
 		"MaxValueBytes": c.MaxValueBytes, "MaxLocalLoads": c.MaxLocalLoads, "BreakerThreshold": c.BreakerThreshold,
-		"MaxRefreshes": c.MaxRefreshes,
+		"MaxRefreshes": c.MaxRefreshes, "MaxTagEntries": c.MaxTagEntries,
 	} {
 		if n < 0 {
 			panic(fmt.Sprintf("herd: Options.%s is negative (%d)", name, n))
@@ -449,6 +457,10 @@ func (o *Options) resolve() cacheConfig {
 	setDefault(&c.MaxLocalLoads, 32)
 	setDefault(&c.BreakerThreshold, 5)
 	setDefault(&c.MaxRefreshes, 16)
+	setDefault(&c.MaxTagEntries, defaultTagEntries)
+	if c.MaxTagEntries > maxTagEntries {
+		panic(fmt.Sprintf("herd: Options.MaxTagEntries %d is above %d", c.MaxTagEntries, maxTagEntries))
+	}
 	setDefault(&c.RefreshBackoff, time.Second)
 	setDefault(&c.RefreshBackoffMax, max(30*time.Second, c.RefreshBackoff))
 	if c.RefreshBackoffMax < c.RefreshBackoff {

@@ -137,7 +137,8 @@ func (c *Cache) refresh(f *flight, seenFence []byte) {
 	if !c.brk.allow() {
 		return
 	}
-	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence, "")
+	gr := c.newGenRead()
+	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence, "", gr.side())
 	if err != nil {
 		// This call may be the breaker's probe: every outcome reports to
 		// the breaker, or no other call would reach Redis again.
@@ -166,6 +167,7 @@ func (c *Cache) refresh(f *flight, seenFence []byte) {
 		}
 		return
 	}
+	f.gen = c.genResult(gr) // before the load begins
 	c.stats.refreshes.Add(1)
 	c.sig.refresh(f.key, RefreshStarted)
 	_, _ = c.lead(f, r.lease, true)

@@ -136,31 +136,22 @@ type pipeliner interface {
 // too few replicas acknowledged within the timeout, or the WAIT's own
 // error. Callers ignore the second when the script wrote nothing.
 func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route string, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
+	return w.runWith(ctx, rdb, route, nil, s, keys, args...)
+}
+
+// runWith is run with side, when not nil, a command sent in the same
+// pipeline as the script, ahead of the WAIT. rdb must then be a client of
+// one master (not a Cluster or a Ring, where side's key may live on
+// another master). side has its result when runWith returns.
+func (w *replicaWait) runWith(ctx context.Context, rdb redis.UniversalClient, route string, side redis.Cmder, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
 	if w.acks < 0 {
-		return s.Run(ctx, rdb, keys, args...), nil
+		return runScript(ctx, rdb, side, s, keys, args...), nil
 	}
-	var target pipeliner = rdb
-	addr := ""
-	cc, cluster := rdb.(*redis.ClusterClient)
-	if cluster {
-		node, err := cc.MasterForKey(ctx, route)
-		if err != nil {
-			cmd := redis.NewCmd(ctx)
-			cmd.SetErr(err)
-			return cmd, nil
-		}
-		target, addr = node, node.Options().Addr
-	}
-	if ring, ok := rdb.(*redis.Ring); ok {
-		// A Ring pipeline routes each command by its first argument: WAIT
-		// and INFO must go to the script's shard, on its connection.
-		shard, err := ring.GetShardClientForKey(route)
-		if err != nil {
-			cmd := redis.NewCmd(ctx)
-			cmd.SetErr(err)
-			return cmd, nil
-		}
-		target, addr = shard, shard.Options().Addr
+	target, addr, cluster, err := pipelineTarget(ctx, rdb, route)
+	if err != nil {
+		cmd := redis.NewCmd(ctx)
+		cmd.SetErr(err)
+		return cmd, nil
 	}
 	n := w.node(addr)
 	// Count the replicas before the write, not after it: a replica that
@@ -172,13 +163,16 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 	}
 	need := w.need(n)
 	if need == 0 && !due {
-		return s.Run(ctx, rdb, keys, args...), nil
+		return runScript(ctx, rdb, side, s, keys, args...), nil
 	}
 	for attempt := 0; ; attempt++ {
 		pipe := target.Pipeline()
 		var cmd *redis.Cmd
 		if attempt == 0 {
 			cmd = s.EvalSha(ctx, pipe, keys, args...)
+			if side != nil {
+				_ = pipe.Process(ctx, side)
+			}
 		} else {
 			cmd = s.Eval(ctx, pipe, keys, args...)
 		}
@@ -210,14 +204,47 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 		if cmd.Err() != nil || wait == nil {
 			return cmd, nil
 		}
-		if err := wait.Err(); err != nil {
-			return cmd, fmt.Errorf("%w: WAIT: %w", ErrNotReplicated, err)
-		}
-		if got := wait.Val(); got < int64(need) {
-			return cmd, fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, got, need, w.timeout)
-		}
-		return cmd, nil
+		return cmd, waitError(wait, need, w.timeout)
 	}
+}
+
+// runScript runs s on rdb, with side, when not nil, in the same pipeline.
+func runScript(ctx context.Context, rdb redis.UniversalClient, side redis.Cmder, s *redis.Script, keys []string, args ...any) *redis.Cmd {
+	if side == nil {
+		return s.Run(ctx, rdb, keys, args...)
+	}
+	pipe := rdb.Pipeline()
+	cmd := s.EvalSha(ctx, pipe, keys, args...)
+	_ = pipe.Process(ctx, side)
+	_, _ = pipe.Exec(ctx)
+	if isNoScript(cmd.Err()) {
+		cmd = s.Run(ctx, rdb, keys, args...) // side has its answer already
+	}
+	return cmd
+}
+
+// pipelineTarget returns the client whose pipeline reaches the master of
+// route, and that master's address ("" for a client of one master, which
+// is rdb itself). cluster reports a Cluster, whose master may redirect a
+// script sent on its own pipeline.
+func pipelineTarget(ctx context.Context, rdb redis.UniversalClient, route string) (target pipeliner, addr string, cluster bool, err error) {
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		node, err := cc.MasterForKey(ctx, route)
+		if err != nil {
+			return nil, "", true, err
+		}
+		return node, node.Options().Addr, true, nil
+	}
+	if ring, ok := rdb.(*redis.Ring); ok {
+		// A Ring pipeline routes each command by its first argument: WAIT
+		// and INFO must go to the script's shard, on its connection.
+		shard, err := ring.GetShardClientForKey(route)
+		if err != nil {
+			return nil, "", false, err
+		}
+		return shard, shard.Options().Addr, false, nil
+	}
+	return rdb, "", false, nil
 }
 
 // due reports whether n's replicas should be counted again, and if so
@@ -253,21 +280,9 @@ func (w *replicaWait) prime(ctx context.Context, rdb redis.UniversalClient, rout
 	if w.acks != 0 {
 		return
 	}
-	var target pipeliner = rdb
-	addr := ""
-	if cc, ok := rdb.(*redis.ClusterClient); ok {
-		node, err := cc.MasterForKey(ctx, route)
-		if err != nil {
-			return
-		}
-		target, addr = node, node.Options().Addr
-	}
-	if ring, ok := rdb.(*redis.Ring); ok {
-		shard, err := ring.GetShardClientForKey(route)
-		if err != nil {
-			return
-		}
-		target, addr = shard, shard.Options().Addr
+	target, addr, _, err := pipelineTarget(ctx, rdb, route)
+	if err != nil {
+		return
 	}
 	if n := w.node(addr); w.due(n) {
 		w.probe(ctx, target, n)

@@ -234,7 +234,7 @@ func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
 // try runs the ACQUIRE script once. On ErrLeaseHeld it also returns the
 // holder's remaining time (0 when unknown).
 func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*Lease, time.Duration, error) {
-	r, err := l.attempt(ctx, key, keys, ttl, "", nil, "")
+	r, err := l.attempt(ctx, key, keys, ttl, "", nil, "", nil)
 	return r.lease, r.pttl, err
 }
 
@@ -290,8 +290,9 @@ type attempted struct {
 // not acquire when the key holds any value and returns it; modeRefresh
 // does not acquire when the value is no longer the envelope whose fence
 // bytes are seen, or while failed refreshes back off. Neither is an
-// error; ErrLeaseHeld is.
-func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited string) (attempted, error) {
+// error; ErrLeaseHeld is. side, if not nil, is a read sent in the same
+// round trip (the Cache's purge generation, see tags.go).
+func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited string, side redis.Cmder) (attempted, error) {
 	owner := newOwner()
 	l.cfg.repl.prime(ctx, l.rdb, keys.fence) // its round trip must not count against the lease
 	start := time.Now()
@@ -301,7 +302,7 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 		names = append(names, keys.value, keys.backoff, keys.failed)
 		args = append(args, mode, seen, awaited)
 	}
-	cmd, werr := l.cfg.repl.run(ctx, l.rdb, keys.fence, acquireScript, names, args...)
+	cmd, werr := l.cfg.repl.runWith(ctx, l.rdb, keys.fence, side, acquireScript, names, args...)
 	res, err := cmd.Slice()
 	if err != nil {
 		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, err)

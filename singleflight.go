@@ -55,6 +55,10 @@ type flight struct {
 	// written after it). cur says for which callers the answer is current.
 	seen, heldAt time.Time
 	cur          currency
+
+	// gen is the purge generation read with the ACQUIRE of the lease the
+	// flight holds, before its load began (see tags.go).
+	gen generation
 }
 
 // currency says which callers of a flight its answer may go to: only
@@ -159,7 +163,8 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bool, pttl time.Duration) {
 	ttl := c.leaseFor(f.key)
 	sent := time.Now()
-	r, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, f.awaited)
+	gr := c.newGenRead()
+	r, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, f.awaited, gr.side())
 	if r.failure != "" {
 		// The leader this follower waited for failed, and the message
 		// did not reach it: the failure marker tells.
@@ -167,7 +172,8 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 			return nil, v, ferr, true, 0
 		}
 		sent = time.Now()
-		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, "")
+		gr = c.newGenRead()
+		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, "", gr.side())
 	}
 	if r.holder != "" {
 		f.awaited = r.holder
@@ -188,6 +194,9 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 	}
 	if err != nil && !errors.Is(err, ErrLeaseHeld) {
 		c.redisFailed(err)
+	}
+	if r.lease != nil {
+		f.gen = c.genResult(gr) // before the load begins
 	}
 	return r.lease, nil, err, false, r.pttl
 }
@@ -270,7 +279,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	lease.KeepAlive(c.cfg.MaxHold)
 	start := time.Now()
 	writes := c.writesOf(f.key)
-	exp := &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor}
+	exp := &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor, c: c}
 	val, err := c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), exp)
 	delta := time.Since(start)
 	lease.finish()
@@ -285,12 +294,12 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	switch {
 	case err == nil:
 		ttl, staleFor := exp.get()
-		f.cur = c.commit(f, lease, c.newEnvelope(lease.token, val, c.jitter(ttl), staleFor, delta), start, writes)
+		f.cur = c.commit(f, lease, c.newEnvelope(lease.token, val, c.jitter(ttl), staleFor, delta), start, writes, exp.tagging())
 		return val, nil
 	case notFound && c.cfg.NegativeTTL > 0:
 		env := c.newEnvelope(lease.token, nil, c.cfg.NegativeTTL, c.cfg.StaleFor, delta)
 		env.negative = true
-		f.cur = c.commit(f, lease, env, start, writes)
+		f.cur = c.commit(f, lease, env, start, writes, exp.tagging())
 		return nil, ErrNotFound
 	}
 	f.cur = currency{from: start} // a not-found that is not stored
@@ -358,10 +367,21 @@ func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff tim
 // whatever happens here: a fenced or failed commit only means it is not
 // stored. It returns the value's currency for them: current from when the
 // script was sent if it was stored, from the load's start (loadStart,
-// when the key's local write count was writes) otherwise.
-func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Time, writes uint64) currency {
+// when the key's local write count was writes) otherwise. A value with
+// tags is recorded in their indexes first, and not stored when a purge of
+// one of them may have come after the load began (see tags.go).
+func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Time, writes uint64, tags tagging) currency {
 	b := env.encode()
 	ttl := env.staleExp.Sub(env.writtenAt) // the hard TTL in Redis
+	if tags.any() {
+		// The index must cover the value until it expires: its PX counts
+		// from now, not from the COMMIT.
+		deadline := time.Now().Add(ttl)
+		if cur, ok := c.indexTags(f, lease, tags, ttl, loadStart); !ok {
+			return cur
+		}
+		ttl = max(time.Until(deadline), time.Millisecond)
+	}
 	msg := msgWritten
 	if len(b) <= c.cfg.NotifyMaxBytes {
 		msg = string(msgValue) + string(b)
@@ -752,10 +772,18 @@ func (c *Cache) newEnvelope(fence uint64, val []byte, ttl, staleFor time.Duratio
 
 type expiryKey struct{}
 
-// expiry carries a loader's SetExpiry to the commit.
+// expiry carries a loader's SetExpiry and SetTags to the commit.
 type expiry struct {
 	mu            sync.Mutex
 	ttl, staleFor time.Duration
+	tags          tagging
+	c             *Cache // the Cache whose rebuild it is (nil: a local load)
+}
+
+func (e *expiry) tagging() tagging {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.tags
 }
 
 func (e *expiry) get() (ttl, staleFor time.Duration) {

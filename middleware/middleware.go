@@ -156,6 +156,14 @@ type Options struct {
 	// Logger receives store decisions (debug) and failures (warn).
 	// Default: silent.
 	Logger *slog.Logger
+
+	// KeepTagHeaders keeps Surrogate-Key and Cache-Tag, the fields a
+	// handler tags its response with (see [InvalidateTag]), in the
+	// responses sent to clients and in the stored entries, for a CDN in
+	// front that purges by the same tags. By default herd removes them
+	// from every response it stores or serves: they name what a page is
+	// built from, which is no client's business.
+	KeepTagHeaders bool
 }
 
 // The reasons [Options.OnBypass] is given.
@@ -460,6 +468,9 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		}
 		dst[name] = slices.Clone(vs)
 	}
+	if !h.cfg.KeepTagHeaders {
+		stripTags(dst) // also those of an entry another instance stored with them
+	}
 	dst.Set("Cache-Status", status)
 	age += storedAge(e.header) // the Age it had when it was stored
 	dst.Set("Age", strconv.FormatInt(int64(age/time.Second), 10))
@@ -511,6 +522,9 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 	before := snapshotHeader(w.Header())
 	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
 	cw.onPassthrough = func() {
+		if !h.cfg.KeepTagHeaders {
+			stripTags(w.Header()) // before the header goes out
+		}
 		// Release the waiters now, not when a stream (maybe endless) ends.
 		fill.Abort(fmt.Errorf("%w: the response streamed, outgrew MaxBodyBytes or was hijacked", herd.ErrNotShared))
 	}
@@ -537,9 +551,15 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		fill.Abort(herd.ErrNotShared)
 		return
 	}
+	tags := h.takeTags(w.Header())
 	e := &entry{status: cw.finalStatus(), header: storedHeader(w.Header(), before), body: cw.buf.Bytes()}
 	v := h.decide(r, e, w.Header(), before)
 	setStoredAge(e, v)
+	if v.ttl > 0 && fill.Leased() && len(tags) > 0 {
+		if err := fill.SetTags(tags...); err != nil {
+			v.ttl, v.why = 0, err.Error()
+		}
+	}
 	switch {
 	case r.Context().Err() != nil:
 		// Maybe a partial body: never stored. The client's going away is
@@ -708,11 +728,17 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	if cw.passthrough {
 		return nil, fmt.Errorf("herd/middleware: refresh response streamed, outgrew MaxBodyBytes or hijacked")
 	}
+	tags := h.takeTags(cw.header)
 	e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
 	v := h.decide(req, e, cw.header, nil)
 	setStoredAge(e, v)
 	if v.ttl <= 0 {
 		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", v.why)
+	}
+	if len(tags) > 0 {
+		if err := herd.SetTags(ctx, tags...); err != nil {
+			return nil, fmt.Errorf("herd/middleware: refresh response not storable: %w", err)
+		}
 	}
 	if headerGet(e.header, "Etag") == "" {
 		e.header.Set("Etag", etagOf(e.body))
