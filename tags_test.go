@@ -139,6 +139,7 @@ func TestTags(t *testing.T) {
 		{"PurgeThenAdd", testPurgeThenAdd},
 		{"RebuildAfterPurgeBeganIsStored", testRebuildAfterPurgeBeganIsStored},
 		{"RefreshDuringPurge", testRefreshDuringPurge},
+		{"RefreshAfterPurgeIsStored", testRefreshAfterPurgeIsStored},
 		{"FillTags", testFillTags},
 		{"FullIndexRefuses", testFullIndexRefuses},
 		{"IndexExpiresWithEntries", testIndexExpiresWithEntries},
@@ -467,6 +468,36 @@ func testRefreshDuringPurge(t *testing.T, r *tagRig) {
 	if r.stored("k") {
 		t.Fatal("a refresh that began before the purge stored its value")
 	}
+}
+
+// A refresh that begins after a purge of its tag is stored: it read the
+// purge generation with its ACQUIRE.
+func testRefreshAfterPurgeIsStored(t *testing.T, r *tagRig) {
+	clk := newFakeClock()
+	a := withClock(r.cache(&Options{StaleFor: time.Hour}), clk)
+	a.useTags()
+	var loads atomic.Int64
+	r.get(a, "k0", taggedLoader(&loads, "v", "t"))
+	r.purge(a, "t") // the tag remembers the purge
+	r.get(a, "k", taggedLoader(&loads, "v0", "t"))
+	clk.Advance(90 * time.Minute)
+	indexed := make(chan bool, 1)
+	a.tagHooks = &tagHooks{indexed: func(_ string, purged bool, _ error) { indexed <- purged }}
+	if v := r.get(a, "k", taggedLoader(&loads, "v1", "t")); v != "v0" {
+		t.Fatalf("stale Get: %q, want v0", v)
+	}
+	select {
+	case purged := <-indexed:
+		if purged {
+			t.Fatal("a refresh that began after the purge was refused")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the refresh did not commit")
+	}
+	waitFor(t, 10*time.Second, "the refreshed value", func() bool {
+		v, err := a.Get(context.Background(), "k", time.Hour, taggedLoader(&loads, "v2", "t"))
+		return err == nil && string(v) == "v1"
+	})
 }
 
 // Begin's Fill: SetTags before Commit tags the value; an invalid tag

@@ -33,8 +33,8 @@ type shopRig struct {
 	gates      map[string]chan struct{}
 	entered    chan string
 	version    atomic.Int64 // the body's version: what a purge is about
-	extraTags  string       // more Surrogate-Key tags, for every page
-	streamFrom int          // ids at or above it stream (when > 0)
+	extraTags  string       // more Surrogate-Key tags, for every page (guarded by mu)
+	streamFrom int          // ids at or above it stream, when > 0 (guarded by mu)
 }
 
 func newShopRig(t *testing.T, opt *Options) *shopRig {
@@ -51,17 +51,17 @@ func newShopRig(t *testing.T, opt *Options) *shopRig {
 		v := r.version.Load() // the source, as of the handler's start
 		r.mu.Lock()
 		r.runs[id]++
-		gate := r.gates[id]
+		gate, extra, streamFrom := r.gates[id], r.extraTags, r.streamFrom
 		r.mu.Unlock()
 		if gate != nil {
 			r.entered <- id
 			<-gate
 		}
 		n, _ := strconv.Atoi(id)
-		w.Header().Set("Surrogate-Key", strings.TrimSpace("product:"+id+" all "+r.extraTags))
+		w.Header().Set("Surrogate-Key", strings.TrimSpace("product:"+id+" all "+extra))
 		w.Header().Set("Cache-Tag", "shelf:"+strconv.Itoa(n%2))
 		fmt.Fprintf(w, "product %s v%d", id, v)
-		if r.streamFrom > 0 && n >= r.streamFrom {
+		if streamFrom > 0 && n >= streamFrom {
 			w.(http.Flusher).Flush()
 		}
 	}
@@ -247,7 +247,9 @@ func TestTagPurgeDuringRebuild(t *testing.T) {
 // stored, for a CDN in front.
 func TestTagHeadersStripped(t *testing.T) {
 	r := newShopRig(t, nil)
+	r.mu.Lock()
 	r.streamFrom = 9
+	r.mu.Unlock()
 	noTags := func(res *http.Response, what string) {
 		t.Helper()
 		for name := range res.Header {
@@ -283,6 +285,36 @@ func TestTagHeadersStripped(t *testing.T) {
 	if res, _ := get(t, srv.URL+"/x"); res.Header.Get("Cache-Status") != statusStored {
 		t.Fatalf("after purging a non-canonical Surrogate-Key's tag: Cache-Status %q, want a rebuild", res.Header.Get("Cache-Status"))
 	}
+
+	// One that does not keep them serves an entry stored with them
+	// without them.
+	plain := httptest.NewServer(New(kc, &Options{Scope: "k"})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
+		t.Error("the handler ran: want a hit of the entry stored with its tags")
+	})))
+	defer plain.Close()
+	kept := httptest.NewServer(New(kc, &Options{Scope: "k", KeepTagHeaders: true})(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Surrogate-Key", "a b")
+		fmt.Fprint(w, "kept")
+	})))
+	defer kept.Close()
+	hostGet := func(srv *httptest.Server) *http.Response {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/y", nil)
+		req.Host = shopHost
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res
+	}
+	if res := hostGet(kept); res.Header.Get("Surrogate-Key") != "a b" {
+		t.Fatalf("KeepTagHeaders: Surrogate-Key %q", res.Header.Get("Surrogate-Key"))
+	}
+	res = hostGet(plain)
+	if !strings.HasPrefix(res.Header.Get("Cache-Status"), statusHit) {
+		t.Fatalf("the instance without KeepTagHeaders: Cache-Status %q, want a hit", res.Header.Get("Cache-Status"))
+	}
+	noTags(res, "a hit of an entry stored with them")
 
 	// An instance that keeps them, on the rig's Redis and scope, serves
 	// an entry stored by one that does not: without them.
@@ -371,6 +403,35 @@ func TestTagPurgeDuringRefresh(t *testing.T) {
 	// The purge deleted the stale entry; this request waits for the
 	// refresh's lease, which its refused commit releases, and rebuilds.
 	r.wantRebuild(r.b, "1", "product 1 v1")
+}
+
+// A background refresh stores its response with the tags it carries now:
+// a tag the page did not have before purges the refreshed entry.
+func TestTagRefreshStoresItsTags(t *testing.T) {
+	r := newShopRig(t, &Options{TTL: 300 * time.Millisecond, StaleFor: time.Hour})
+	r.wantRebuild(r.a, "1", "product 1 v0")
+	time.Sleep(400 * time.Millisecond) // past the TTL: the next request is stale
+	r.mu.Lock()
+	r.extraTags = "new-tag"
+	r.mu.Unlock()
+	r.version.Store(1)
+	if res, _ := r.get(r.a, "1"); res.Header.Get("Cache-Status") != statusStale {
+		t.Fatalf("stale GET: Cache-Status %q", res.Header.Get("Cache-Status"))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, body := r.get(r.a, "1")
+		if strings.HasPrefix(res.Header.Get("Cache-Status"), statusHit) && body == "product 1 v1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the refresh did not land: Cache-Status %q, body %q", res.Header.Get("Cache-Status"), body)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.version.Store(2)
+	r.purge(r.cb, "new-tag")
+	r.wantRebuild(r.b, "1", "product 1 v2")
 }
 
 func TestResponseTags(t *testing.T) {
