@@ -115,6 +115,12 @@ func TestCacheClosedRefusesCalls(t *testing.T) {
 	if err := c.Invalidate(ctx, "k"); !errors.Is(err, ErrClosed) {
 		t.Errorf("Invalidate after Close: got %v, want ErrClosed", err)
 	}
+	if err := c.SetTagged(ctx, "k", []byte("after"), time.Minute, "t"); !errors.Is(err, ErrClosed) {
+		t.Errorf("SetTagged after Close: got %v, want ErrClosed", err)
+	}
+	if err := c.InvalidateTag(ctx, "t"); !errors.Is(err, ErrClosed) {
+		t.Errorf("InvalidateTag after Close: got %v, want ErrClosed", err)
+	}
 	if _, err := c.Get(ctx, "k", time.Minute, load); !errors.Is(err, ErrClosed) {
 		t.Errorf("Get after Close: got %v, want ErrClosed", err)
 	}

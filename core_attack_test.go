@@ -52,6 +52,12 @@ func coreEntryPoints(key string) []entryPoint {
 		{"Invalidate", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
 			return c.Invalidate(ctx, key+"inv")
 		}},
+		{"SetTagged", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
+			return c.SetTagged(ctx, key+"settagged", []byte("v"), time.Minute, "t")
+		}},
+		{"InvalidateTag", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
+			return c.InvalidateTag(ctx, "t")
+		}},
 		{"Locker.TryAcquire", func(ctx context.Context, _ *Cache, l *Locker, _ *Lease) error {
 			_, err := l.TryAcquire(ctx, key+"try", time.Minute)
 			return err

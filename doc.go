@@ -151,6 +151,33 @@
 // its value's lifetime with [SetExpiry]. [WithOutcome] tells how a call
 // was served.
 //
+// # Tag purges
+//
+// A value can carry tags: [SetTags] in a loader, [Fill.SetTags] before a
+// Commit, or [Cache.SetTagged]; the HTTP middleware tags a response with
+// its Surrogate-Key and Cache-Tag fields. [Cache.InvalidateTag] then
+// invalidates every value with a tag, in every process, with the
+// guarantee of [Cache.Invalidate]: once it returns, no rebuild that began
+// before it stores its value, whether or not its key was in the tag's
+// index yet. Each tag has an index in Redis (its own slot, bounded by
+// [Options.MaxTagEntries], expiring with its longest-lived value) of the
+// keys whose values carry it, and remembers its last purge for two
+// minutes; a tagged commit first records its key in each index, which
+// refuses a rebuild that a purge of the tag came after (its value still
+// goes to its callers, unstored, counted in [Stats].Fenced). A Cache
+// reads the purge generation, in the round trip of each rebuild's
+// ACQUIRE, once it has seen a tag: one that never uses tags pays nothing.
+// Hits never pay for tags; a tagged value's commit is one pipelined round
+// trip more, and a purge is one round trip per index page of 1000 keys
+// and then the keys' invalidations, pipelined per master. Tags share one
+// namespace per prefix: a purge of a tag removes the pages and the
+// cache-aside values that carry it. A key stays in a tag's index until
+// its value would have expired, so a purge may also invalidate a value
+// rebuilt since without that tag: purges err on the side of too many.
+// The guarantee holds while Redis keeps its writes: a failover that loses
+// acknowledged writes (see [Options.ReplicaAcks]) or a Ring that moves a
+// tag's index to another shard can lose index entries.
+//
 // # Tuning
 //
 //   - Lease length: calibrated per key class ([Options.KeyClass]) as

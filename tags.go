@@ -259,12 +259,16 @@ func (c *Cache) useTags() { c.tagsOn.Store(true) }
 // returned [ErrNotFound]).
 //
 // SetTags returns an error wrapping [ErrInvalidTag] for an invalid tag,
-// or for a context that is not a loader's; after one the value is
-// returned to its callers but not stored. A value whose tags cannot be
-// recorded (Redis fails, a tag's index is full: [Options.MaxTagEntries])
-// is not stored either. The first tagged rebuild in a process is not
-// stored: until a Cache has seen a tag, its rebuilds do not read what
-// the check needs (see [Options.MaxTagEntries]).
+// or for a context that is not a loader's; after one (unless a later call
+// sets valid tags) the value is returned to its callers but not stored. A
+// value whose tags cannot be recorded (Redis fails, a tag's index is
+// full: [Options.MaxTagEntries]) is not stored either, nor one whose
+// rebuild a purge of one of its tags may have come after (counted in
+// [Stats].Fenced). A Cache that has seen no tag yet does not read the
+// purge generation on its rebuilds, which the check needs to tell a purge
+// that came before the rebuild from one after it: its first tagged
+// rebuild is not stored if a tag of the value was purged in the last two
+// minutes.
 func SetTags(ctx context.Context, tags ...string) error {
 	e, ok := ctx.Value(expiryKey{}).(*expiry)
 	if !ok {
@@ -454,11 +458,11 @@ func (c *Cache) InvalidateTag(ctx context.Context, tags ...string) error {
 // purge is InvalidateTag's work.
 func (c *Cache) purge(ctx context.Context, tags []string) error {
 	repl := c.locker.cfg.repl
-	cmd, _ := repl.run(ctx, c.rdb, c.genKey, tagBumpScript, []string{c.genKey})
-	// A replica that missed the raise only makes rebuilds that read G from
-	// it refused: G is compared with each tag's tp, which the purge writes
-	// (and waits for) next.
+	cmd, werr := repl.run(ctx, c.rdb, c.genKey, tagBumpScript, []string{c.genKey})
 	g, err := cmd.Text()
+	if err == nil {
+		err = werr // a failover could lose it: G could come back to a rebuild's G0
+	}
 	if err != nil {
 		return fmt.Errorf("raise the purge generation: %w", err)
 	}

@@ -117,7 +117,39 @@
 //
 // # Tag purges
 //
-// (to be written)
+// A handler tags its response with Surrogate-Key (tags separated by
+// spaces, as Fastly and Varnish's xkey take them) or Cache-Tag (separated
+// by commas, as Cloudflare takes them), or both, every field line and any
+// case of the field name counted:
+//
+//	w.Header().Set("Surrogate-Key", "product:42 category:7")
+//
+// herd records the entry under each tag, and [InvalidateTag] purges every
+// entry with one of the tags, in every instance that shares the Redis:
+//
+//	// after product 42 changed in the database
+//	err := middleware.InvalidateTag(ctx, cache, "product:42")
+//
+// When it returns nil, the next request for each of those pages runs the
+// handler, and no rebuild that began before the purge (a request whose
+// handler was still reading the old product, in any instance) stores its
+// response afterwards; its own client still gets it. A response whose
+// tags cannot be recorded is served but not stored: more than
+// [herd.MaxTags] tags, a tag longer than [herd.MaxTagBytes], a tag whose
+// index is full ([herd.Options.MaxTagEntries]), or Redis failing to
+// record them. A stale entry's background refresh stores the tags its
+// response carries then. Tags are one namespace per Cache: a purge also
+// removes cache-aside values tagged the same ([herd.SetTags],
+// [herd.Cache.SetTagged]). [herd.Cache.InvalidateTag] has the costs and
+// limits.
+//
+// Both fields are removed from every response herd stores or serves,
+// and never stored, unless [Options.KeepTagHeaders] is set for a CDN in
+// front that purges by the same tags; an instance without it serves an
+// entry stored with them without them. A response herd does not handle
+// (a request that bypasses the cache, or one served directly because the
+// cache cannot help: Redis unavailable, the wait budget spent) is the
+// handler's own and keeps whatever fields it set.
 //
 // # Compression
 //
