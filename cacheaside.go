@@ -479,8 +479,8 @@ type Stats struct {
 	Notified     uint64 // waits ended by a wake-up message
 	Polled       uint64 // polls made while waiting
 	WaitTimeouts uint64 // waits that spent their budget (Fallback applied)
-	Fenced       uint64 // commits rejected because the fence moved on (duplicate or stale rebuild)
-	CommitErrors uint64 // commits that failed on a Redis error (the value was still returned)
+	Fenced       uint64 // commits rejected because the fence moved on (duplicate or stale rebuild) or a tag of the value was purged after the rebuild began
+	CommitErrors uint64 // commits that failed on a Redis error, or whose tags could not be recorded (the value was still returned)
 	FailOpen     uint64 // flights that loaded locally because Redis was unreachable
 	BreakerOpens uint64 // times the circuit breaker opened
 

@@ -95,3 +95,40 @@ func ExampleLocker_TryAcquire() {
 	// true
 	// <nil>
 }
+
+// Values tagged with the team they belong to; one purge of the tag
+// invalidates them all, in every process.
+func ExampleCache_InvalidateTag() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	c := herd.New(rdb, nil)
+	defer c.Close()
+	ctx := context.Background()
+
+	loads := 0
+	loadUser := func(name string) herd.LoadFunc {
+		return func(ctx context.Context) ([]byte, error) {
+			loads++
+			if err := herd.SetTags(ctx, "team:7"); err != nil {
+				return nil, err
+			}
+			return []byte(name), nil
+		}
+	}
+	c.Get(ctx, "user:1", time.Minute, loadUser("Ada"))
+	c.Get(ctx, "user:2", time.Minute, loadUser("Grace"))
+	c.SetTagged(ctx, "team:7:name", []byte("Analytical Engines"), time.Minute, "team:7")
+
+	if err := c.InvalidateTag(ctx, "team:7"); err != nil {
+		fmt.Println(err)
+	}
+	c.Get(ctx, "user:1", time.Minute, loadUser("Ada"))
+	_, err := c.Get(ctx, "team:7:name", time.Minute, func(context.Context) ([]byte, error) {
+		return nil, herd.ErrNotFound
+	})
+	fmt.Printf("loads: %d; team name: %v\n", loads, err)
+	// Output: loads: 3; team name: herd: not found
+}

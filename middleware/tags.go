@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -26,6 +27,9 @@ const (
 // the handler. It is [herd.Cache.InvalidateTag]; see there for its cost
 // and errors.
 func InvalidateTag(ctx context.Context, c *herd.Cache, tags ...string) error {
+	if c == nil {
+		return errors.New("herd/middleware: InvalidateTag with a nil Cache")
+	}
 	return c.InvalidateTag(ctx, tags...)
 }
 
