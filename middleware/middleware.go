@@ -50,17 +50,45 @@ type Options struct {
 	NotFoundTTL time.Duration
 
 	// KeyFunc, if set, replaces the default key (scheme, host, path,
-	// canonical query, KeyHeaders and forwarding headers); returning ok
-	// false bypasses the cache for the request. The key must include
-	// everything the response depends on. It is still prefixed with the
-	// Scope.
+	// canonical query, KeyHeaders, KeyCookies and forwarding headers);
+	// returning ok false bypasses the cache for the request. The key must
+	// include everything the response depends on. It is still prefixed
+	// with the Scope.
 	KeyFunc func(r *http.Request) (key string, ok bool)
 
 	// KeyHeaders are request headers that become part of the key, for
 	// handlers whose response depends on them (Accept-Language, say).
 	// Listing Authorization or Cookie here makes credentialed requests
-	// cacheable per credential.
+	// cacheable per credential. To key on some cookies only, use
+	// KeyCookies instead.
 	KeyHeaders []string
+
+	// KeyCookies names the request cookies (case-sensitive names) that
+	// are part of the key: a request's other cookies are then neither
+	// keyed nor credentials, so requests that differ only in them (_ga,
+	// consent, ...) share an entry, while each value of a listed cookie
+	// gets its own. The handler still gets the whole request, every cookie
+	// included; it must not read a cookie that is not listed. A listed
+	// cookie that is absent, present with an empty value, or repeated
+	// (every value is keyed, in order) makes a key of its own, and so
+	// does a cookie whose name a lenient parser could read as a listed
+	// one (Lang, %6Cang, "lang =" for lang). Authorization and the other
+	// credentials still bypass (see AllowAuthorized). A response that
+	// says Vary: Cookie is not stored (the key holds the listed cookies,
+	// not the Cookie header). See "Cookies" in the package documentation.
+	// New panics on a name that is not a token, and when IgnoreCookies,
+	// KeyFunc or a KeyHeaders entry Cookie is set too. Default: none.
+	KeyCookies []string
+
+	// IgnoreCookies makes a request's cookies neither part of the key nor
+	// credentials: requests that differ only in their cookies share an
+	// entry. Set it only on routes whose handlers, and the middlewares
+	// between herd and them, read no cookie: the first requester's
+	// response is everyone's. A response that sets a cookie, is private
+	// or no-store, or says Vary: Cookie is still never stored. New panics
+	// when KeyCookies or a KeyHeaders entry Cookie is set too. It may be
+	// used with KeyFunc. Default: false.
+	IgnoreCookies bool
 
 	// MaxBodyBytes is the largest body stored. A larger response streams
 	// to its own client, uncached, and the requests waiting for it run the
@@ -84,7 +112,10 @@ type Options struct {
 	// X-Forwarded-User or X-Forwarded-Client-Cert) use the cache. A response to a request with
 	// credentials that are not part of the key is then stored only if it
 	// says public, s-maxage or must-revalidate (RFC 9111 §3.5), and, like
-	// every response, not if its s-maxage or max-age is 0.
+	// every response, not if its s-maxage or max-age is 0. Under
+	// KeyCookies or IgnoreCookies the Cookie header is not a credential,
+	// with or without AllowAuthorized: the options say which cookies the
+	// responses depend on.
 	AllowAuthorized bool
 
 	// WaitTimeout bounds how long a request waits for another request's
@@ -117,9 +148,9 @@ type Options struct {
 	// not read them on a cached route.
 	IgnoreForwardedHeaders bool
 
-	// MaxKeyBytes bounds a request's key: a request whose target, host
-	// and keyed headers add up to more bypasses the cache (reason
-	// [BypassKeyTooLarge]), checked on the target's length before any
+	// MaxKeyBytes bounds a request's key: a request whose target, host,
+	// keyed headers and keyed cookies add up to more bypasses the cache
+	// (reason [BypassKeyTooLarge]), checked on the target's length before any
 	// work on its query. It bounds the memory each key holds in this
 	// process (the local fill registry, the lease calibration) and the
 	// work done per request. It also applies to KeyFunc's keys. Default:
@@ -164,7 +195,7 @@ const (
 	BypassMethodOverride = "method_override" // X-HTTP-Method-Override and the like
 	BypassBody           = "body"            // a request body, whatever the protocol
 	BypassRange          = "range"           // a Range header
-	BypassCredentials    = "credentials"     // Authorization, Cookie, an identity header or a TLS client certificate outside the key
+	BypassCredentials    = "credentials"     // Authorization, Cookie (unless KeyCookies or IgnoreCookies), an identity header or a TLS client certificate outside the key
 	BypassKeyFunc        = "keyfunc"         // KeyFunc said no
 	BypassKeyTooLarge    = "key_too_large"   // the key would exceed MaxKeyBytes
 	BypassUpgrade        = "upgrade"         // Upgrade (WebSocket, h2c) or Connection: upgrade
@@ -175,6 +206,9 @@ type config struct {
 	keyHeaders  []string // canonical
 	authKeyed   bool     // Authorization is part of the key
 	cookieKeyed bool     // Cookie is part of the key
+
+	cookiesDeclared bool     // KeyCookies or IgnoreCookies: the Cookie header is no credential
+	keyCookieFolds  []string // KeyCookies' cookieFold, sorted; nil without KeyCookies
 }
 
 func (o *Options) resolve() config {
@@ -237,6 +271,7 @@ func (o *Options) resolve() config {
 	}
 	slices.Sort(c.keyHeaders)
 	c.keyHeaders = slices.Compact(c.keyHeaders)
+	c.resolveCookies()
 	return c
 }
 
@@ -364,6 +399,9 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 		return "", BypassKeyTooLarge // before any work on the query
 	}
 	k := defaultKey(r, h.scope(r), h.cfg.keyHeaders)
+	if h.cfg.keyCookieFolds != nil {
+		k += cookieKey(r, h.cfg.keyCookieFolds)
+	}
 	if !h.cfg.IgnoreForwardedHeaders {
 		k += forwardedKey(r, rh.forwarding)
 	}
@@ -376,10 +414,13 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 // unkeyedCredentials reports whether r carries Authorization, Cookie or
 // an identity header (X-Forwarded-User, X-Forwarded-Client-Cert and the
 // like; see isIdentityHeader) that is not part of its key, or a TLS
-// client certificate (mTLS), which never is. rh is r's scanHeaders.
+// client certificate (mTLS), which never is. Under KeyCookies or
+// IgnoreCookies, Cookie is no credential: the listed cookies are keyed,
+// and the options say the others do not change a response.
+// Authorization still is. rh is r's scanHeaders.
 func (h *handler) unkeyedCredentials(r *http.Request, rh requestHeaders) bool {
 	return (!h.cfg.authKeyed && len(r.Header.Values("Authorization")) > 0) ||
-		(!h.cfg.cookieKeyed && len(r.Header.Values("Cookie")) > 0) ||
+		(!h.cfg.cookieKeyed && !h.cfg.cookiesDeclared && len(r.Header.Values("Cookie")) > 0) ||
 		rh.identity ||
 		(r.TLS != nil && len(r.TLS.PeerCertificates) > 0)
 }
