@@ -6,11 +6,15 @@
 // It works with any router that takes func(http.Handler) http.Handler:
 //
 //	mux := http.NewServeMux()
-//	mux.Handle("GET /products/{id}", middleware.New(cache, nil)(productHandler))
+//	mux.Handle("GET /products/{id}", middleware.New(cache, nil)(http.HandlerFunc(productHandler)))
 //
 //	r := chi.NewRouter()
+//	r.Use(chimw.GetHead) // chi's: HEAD requests reach Get routes
 //	r.Use(middleware.New(cache, &middleware.Options{TTL: 30 * time.Second}))
 //	r.With(middleware.New(cache, nil)).Get("/catalog", catalogHandler)
+//
+// (productHandler and catalogHandler are plain func(http.ResponseWriter,
+// *http.Request); see "Hosts and routers" for HEAD and path parameters.)
 //
 // # What is cached
 //
@@ -107,9 +111,96 @@
 // repository has the threat model, each attack with its defence and test,
 // and the limits that remain.
 //
+// # Hosts and routers
+//
+// The Host a request names, with its port, is part of the key, as net/http
+// reports it (r.Host, case kept). Two names for one server are two
+// entries: in a local test, http://localhost:8080/p and
+// http://127.0.0.1:8080/p fill the cache twice, and so do example.com and
+// example.com:443. Behind a load balancer, instances share entries when it
+// passes the client's Host on, so that every instance sees the same one; a
+// balancer that rewrites Host to each instance's own address
+// (10.0.0.7:8080) leaves each instance with entries of its own. Make it
+// pass the Host through (nginx: proxy_set_header Host $host), or key on
+// what the pages depend on with [Options.KeyFunc]. The listener's port is
+// in the key too, unless [Options.Scope] is set (see Security).
+//
+// A ServeMux pattern "GET /path" matches HEAD as well. chi routes a HEAD
+// to a Get route only through chi's middleware.GetHead
+// (r.Use(middleware.GetHead)); without it chi answers 405 and herd never
+// sees the request. herd serves a HEAD from the GET entry, and a HEAD for
+// a cold URL builds that entry (the handler runs as a GET).
+//
+// Read path parameters as the router says: r.PathValue under ServeMux,
+// chi.URLParam under chi (chi v5 sets r.PathValue too, and either works).
+// Both hold in a stale refresh, which runs the handler in the background
+// after the request that found the entry stale returned: it runs on a
+// clone of that request, with a copy of chi's route context (which chi
+// recycles). Other values a middleware put in the request's context must
+// stay valid after the request.
+//
 // # Cookies
 //
-// (to be written)
+// By default a request with a Cookie header bypasses the cache: herd
+// cannot tell a session cookie from an analytics one, and a page built for
+// one session must not reach another. On a real site nearly every request
+// carries cookies (_ga, a consent banner's, an A/B bucket), so say which
+// ones the pages depend on:
+//
+//	mw := middleware.New(cache, &middleware.Options{
+//		KeyCookies: []string{"lang", "currency"}, // _ga, consent and the like are ignored
+//	})
+//
+// [Options.KeyCookies] lists the cookies that are part of the key:
+// requests that differ only in other cookies share an entry, and each
+// value of a listed cookie has its own. [Options.IgnoreCookies] keys on
+// no cookie, for routes whose handlers read none. Either way the handler
+// still gets the whole request, every cookie included, and must read only
+// the listed cookies (none under IgnoreCookies): the first requester's
+// response is everyone's.
+//
+// What a typical site sets:
+//
+//   - Pages the same for every visitor, whatever their cookies (a
+//     catalog, a blog, an API whose clients send a browser's cookies
+//     along): IgnoreCookies: true.
+//   - Pages that depend on a preference cookie (language, currency,
+//     region): KeyCookies: []string{"lang", "currency"}.
+//   - Pages that change for a signed-in visitor: list the session cookie
+//     too (KeyCookies: []string{"lang", "session"}). Visitors without a
+//     session share entries; each session has entries of its own, for the
+//     TTL. Or keep those routes out of the middleware. Never IgnoreCookies
+//     there, nor on a route behind a session middleware that reads the
+//     session cookie.
+//
+// Under either option the Cookie header is no longer a credential outside
+// the key (the options say which cookies matter): a response to a request
+// with cookies is stored without the public, s-maxage or must-revalidate
+// that [Options.AllowAuthorized] otherwise asks for, and AllowAuthorized
+// is not needed. Authorization, a TLS client certificate and the identity
+// headers still are credentials, and bypass the cache as before. The
+// response's own rules still hold: a response that sets a cookie
+// (Set-Cookie, under any case) is never stored nor given to the requests
+// waiting for it; nor is one that is private, no-store or no-cache; and
+// one that says Vary: Cookie is not stored, since the key holds the listed
+// cookies, not the Cookie header (list Cookie in [Options.KeyHeaders]
+// instead to key the whole header).
+//
+// How the listed cookies are keyed. Names are case-sensitive, as for
+// [http.Request.Cookie]. Every pair of a listed cookie is keyed as
+// written (quotes and escapes in its value included), in the order the
+// request sends it, with the index of the Cookie field it came in (HTTP/1
+// clients send one; net/http joins HTTP/2's); the order of different
+// cookies does not matter. So a listed cookie that is absent, one with an
+// empty value (lang=), one without '=' (lang), a quoted one (lang="de")
+// and a repeated one (lang=de; lang=fr, which r.Cookie reads as de and
+// other parsers as fr) each have a key of their own. A cookie whose name
+// another parser could read as a listed one (Lang, LANG, %6Cang, "lang =",
+// lang[x] for lang: PHP and ASP.NET read some of these as lang) is keyed
+// too, under its own name, so it cannot poison the entry of the requests
+// without it. [New] panics on a name that is not a token (RFC 6265), and
+// on KeyCookies with IgnoreCookies, with KeyFunc, or with Cookie in
+// KeyHeaders.
 //
 // # Hit-for-miss
 //
