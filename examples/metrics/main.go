@@ -64,10 +64,12 @@ func main() {
 	defer cache.Close()
 
 	r := chi.NewRouter()
-	r.Use(chimw.Recoverer)
+	r.Use(chimw.Recoverer, chimw.GetHead) // GetHead: HEAD requests reach Get routes (and herd's entries)
 	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	r.With(middleware.New(cache, &middleware.Options{TTL: 10 * time.Second, StaleFor: 30 * time.Second})).
 		Get("/reports/{id}", func(w http.ResponseWriter, r *http.Request) {
+			// chi.URLParam holds in a stale refresh too (the middleware
+			// copies chi's route context for it).
 			time.Sleep(300 * time.Millisecond) // a slow report query
 			log.Printf("handler ran for report %s", chi.URLParam(r, "id"))
 			fmt.Fprintf(w, "report %s built at %s\n", chi.URLParam(r, "id"), time.Now().Format(time.RFC3339Nano))
