@@ -99,9 +99,12 @@ func cookieKey(r *http.Request, folds []string) string {
 		fold, raw string
 		field     int
 	}
-	var pairs []pair
+	var buf [4]pair
+	pairs, size := buf[:0], 0
 	for field, line := range r.Header.Values("Cookie") {
-		for part := range strings.SplitSeq(line, ";") {
+		for rest := line; rest != ""; {
+			var part string
+			part, rest, _ = strings.Cut(rest, ";")
 			part = strings.TrimLeft(part, " \t")
 			if strings.TrimSpace(part) == "" {
 				continue
@@ -110,11 +113,15 @@ func cookieKey(r *http.Request, folds []string) string {
 			f := cookieFold(name)
 			if _, ok := slices.BinarySearch(folds, f); ok {
 				pairs = append(pairs, pair{f, part, field})
+				size += len(part) + 2*len(strconv.Itoa(len(part))) + 2
 			}
 		}
 	}
-	slices.SortStableFunc(pairs, func(a, b pair) int { return strings.Compare(a.fold, b.fold) })
+	if len(pairs) > 1 {
+		slices.SortStableFunc(pairs, func(a, b pair) int { return strings.Compare(a.fold, b.fold) })
+	}
 	var b strings.Builder
+	b.Grow(len("|ck|#") + 4 + size)
 	b.WriteString("|ck|")
 	b.WriteString(strconv.Itoa(len(pairs)))
 	b.WriteByte('#')
