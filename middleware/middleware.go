@@ -187,6 +187,21 @@ type Options struct {
 	// Logger receives store decisions (debug) and failures (warn).
 	// Default: silent.
 	Logger *slog.Logger
+
+	// Compress stores the responses worth it gzip-coded: a body of
+	// CompressMinBytes or more, of a text type (text/*, JSON, JavaScript,
+	// XML, SVG, ...), without Cache-Control: no-transform, that gzip
+	// shrinks by an eighth at least. A client that accepts gzip gets the
+	// stored bytes, any other the decoded body, each representation with
+	// an ETag of its own; one entry serves both. It may not be set with
+	// Accept-Encoding in KeyHeaders. See the Compression section of the
+	// package doc. Default: off (bodies are stored as the handler coded
+	// them).
+	Compress bool
+
+	// CompressMinBytes is the smallest body Compress compresses.
+	// Default: 1 KiB.
+	CompressMinBytes int
 }
 
 // The reasons [Options.OnBypass] is given.
@@ -203,9 +218,10 @@ const (
 
 type config struct {
 	Options
-	keyHeaders  []string // canonical
-	authKeyed   bool     // Authorization is part of the key
-	cookieKeyed bool     // Cookie is part of the key
+	keyHeaders    []string // canonical, without Accept-Encoding
+	encodingKeyed bool     // Accept-Encoding is in KeyHeaders: the key holds its bucket
+	authKeyed     bool     // Authorization is part of the key
+	cookieKeyed   bool     // Cookie is part of the key
 
 	cookiesDeclared bool     // KeyCookies or IgnoreCookies: the Cookie header is no credential
 	keyCookieFolds  []string // KeyCookies' cookieFold, sorted; nil without KeyCookies
@@ -242,6 +258,12 @@ func (o *Options) resolve() config {
 	if c.MaxKeyBytes == 0 {
 		c.MaxKeyBytes = 8 << 10
 	}
+	if c.CompressMinBytes < 0 {
+		panic(fmt.Sprintf("herd/middleware: Options.CompressMinBytes is negative (%d)", c.CompressMinBytes))
+	}
+	if c.CompressMinBytes == 0 {
+		c.CompressMinBytes = defaultCompressMinBytes
+	}
 	if len(c.Scope) > 256 {
 		panic(fmt.Sprintf("herd/middleware: Options.Scope is %d bytes, above 256", len(c.Scope)))
 	}
@@ -264,6 +286,12 @@ func (o *Options) resolve() config {
 			panic(fmt.Sprintf("herd/middleware: invalid KeyHeaders entry %q", h))
 		}
 		ch := textproto.CanonicalMIMEHeaderKey(h)
+		if ch == "Accept-Encoding" {
+			// The key holds its bucket (encoding.go), never the raw field;
+			// with KeyFunc, KeyHeaders are not part of the key.
+			c.encodingKeyed = c.KeyFunc == nil
+			continue
+		}
 		c.keyHeaders = append(c.keyHeaders, ch)
 		// With KeyFunc, KeyHeaders are not part of the key.
 		c.authKeyed = c.authKeyed || (ch == "Authorization" && c.KeyFunc == nil)
@@ -272,6 +300,9 @@ func (o *Options) resolve() config {
 	slices.Sort(c.keyHeaders)
 	c.keyHeaders = slices.Compact(c.keyHeaders)
 	c.resolveCookies()
+	if c.Compress && c.encodingKeyed {
+		panic("herd/middleware: Options.Compress with Accept-Encoding in Options.KeyHeaders: Compress keeps one entry for all encodings, KeyHeaders one per encoding bucket")
+	}
 	return c
 }
 
@@ -298,6 +329,8 @@ type handler struct {
 	c    *herd.Cache
 	cfg  config
 	next http.Handler
+
+	replacing replacements // see replaceCorrupt
 }
 
 // errServerError is the cause of a leader's failure after which one
@@ -315,7 +348,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	for attempt := 0; ; attempt++ {
+	retried, replaced := false, false
+	for {
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if h.cfg.WaitTimeout > 0 {
 			wctx, cancel = context.WithTimeout(ctx, h.cfg.WaitTimeout)
@@ -324,14 +358,28 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cancel()
 		switch {
 		case hit != nil:
-			h.serveHit(w, r, hit)
+			e, err := h.hitEntry(r, hit)
+			if err == nil {
+				h.serveHit(w, r, hit, e)
+				return
+			}
+			if !replaced && h.replaceCorrupt(ctx, key, err) {
+				replaced = true
+				continue // look again: this request, or another, rebuilds it
+			}
+			// Not ours (another writer keeps writing the key) or not
+			// deleted: run the handler, uncached.
+			h.log(slog.LevelWarn, "herd/middleware: stored value is not a response; bypassing", "key", key, "err", err)
+			w.Header().Set("Cache-Status", statusBypass)
+			h.next.ServeHTTP(w, r)
 			return
 		case fill != nil:
 			h.lead(w, r, fill)
 			return
 		case ctx.Err() != nil:
 			return // the client went away
-		case errors.Is(err, herd.ErrLoadFailed) && attempt == 0:
+		case errors.Is(err, herd.ErrLoadFailed) && !retried:
+			retried = true
 			continue // the leader failed: one of the waiters leads now
 		case errors.Is(err, herd.ErrLoadFailed):
 			h.log(slog.LevelWarn, "herd/middleware: the response failed twice; answering with ErrorHandler", "key", key, "err", err)
@@ -393,6 +441,7 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 		b.WriteString("herd-http/custom2|")
 		writeField(&b, h.scope(r))
 		b.WriteString(k)
+		b.WriteString(h.encodingKey(r))
 		return b.String(), ""
 	}
 	if targetLen(r)+len(r.Host) > limit {
@@ -408,7 +457,7 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	if len(k) > limit {
 		return "", BypassKeyTooLarge
 	}
-	return k, ""
+	return k + h.encodingKey(r), ""
 }
 
 // unkeyedCredentials reports whether r carries Authorization, Cookie or
@@ -466,16 +515,19 @@ func isUpgrade(r *http.Request) bool {
 	return false
 }
 
-// serveHit writes a stored response.
-func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit) {
+// hitEntry decodes a stored value into the representation r's client
+// gets (see variant). An error means the value is not a response this
+// middleware can serve (see replaceCorrupt).
+func (h *handler) hitEntry(r *http.Request, hit *herd.Hit) (*entry, error) {
 	e, err := decodeEntry(hit.Value)
 	if err != nil {
-		// Not ours (another writer under the same key): run the handler.
-		h.log(slog.LevelWarn, "herd/middleware: stored value is not a response; bypassing", "err", err)
-		w.Header().Set("Cache-Status", statusBypass)
-		h.next.ServeHTTP(w, r)
-		return
+		return nil, err
 	}
+	return h.variant(r, e, nil)
+}
+
+// serveHit writes e, the representation of a stored response for r.
+func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit, e *entry) {
 	status := statusHit
 	switch hit.Outcome {
 	case herd.OutcomeStale:
@@ -548,7 +600,7 @@ func withoutConditionals(r *http.Request) *http.Request {
 // conditional header fields: the entry it builds is for everyone.
 func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) {
 	head := r.Method == http.MethodHead
-	req := withoutConditionals(r)
+	req := h.handlerRequest(r)
 	before := snapshotHeader(w.Header())
 	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
 	cw.onPassthrough = func() {
@@ -581,6 +633,13 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 	e := &entry{status: cw.finalStatus(), header: storedHeader(w.Header(), before), body: cw.buf.Bytes()}
 	v := h.decide(r, e, w.Header(), before)
 	setStoredAge(e, v)
+	var p packed
+	if v.ttl > 0 || (v.shared && e.status < 500) {
+		var why string
+		if p, why = h.pack(e); why != "" {
+			v = verdict{why: why}
+		}
+	}
 	switch {
 	case r.Context().Err() != nil:
 		// Maybe a partial body: never stored. The client's going away is
@@ -589,13 +648,13 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		fill.Handover()
 		return
 	case v.ttl > 0 && fill.Leased():
-		if headerGet(e.header, "Etag") == "" {
-			e.header.Set("Etag", etagOf(e.body))
-		}
-		if err := fill.Commit(e.encode(), v.ttl, v.staleFor); err != nil {
+		if err := fill.Commit(p.stored.encode(), v.ttl, v.staleFor); err != nil {
 			h.log(slog.LevelWarn, "herd/middleware: response not stored", "err", err)
 			h.write(w, r, e, statusMiss, 0)
 			return
+		}
+		if s, err := h.variant(r, p.stored, p.plain); err == nil {
+			e = s // what a hit would serve this client
 		}
 		h.write(w, r, e, statusStored, 0)
 		return
@@ -607,7 +666,7 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		} else if fill.Leased() {
 			fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, v.why))
 		} else {
-			_ = fill.Commit(e.encode(), max(v.ttl, time.Millisecond), 0) // local waiters only
+			_ = fill.Commit(p.stored.encode(), max(v.ttl, time.Millisecond), 0) // local waiters only
 		}
 	default:
 		fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, v.why))
@@ -692,6 +751,9 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header, before hea
 // every key: a KeyHeaders entry, or a forwarding header (but not
 // Forwarded, whose for= parameters are not keyed).
 func (h *handler) keyed(name string) bool {
+	if name == "Accept-Encoding" {
+		return true // reduced to what every key holds (encoding.go)
+	}
 	if h.cfg.KeyFunc == nil && slices.Contains(h.cfg.keyHeaders, name) {
 		return true // with KeyFunc, KeyHeaders are not part of the key
 	}
@@ -744,6 +806,8 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	for _, name := range conditionalHeaders {
 		req.Header.Del(name)
 	}
+	_, shown := h.bucket(snap)
+	req.Header.Set("Accept-Encoding", shown)
 	cw := newCaptureWriter(nil, h.cfg.MaxBodyBytes, false)
 	h.next.ServeHTTP(cw, req)
 	if cw.passthrough {
@@ -755,11 +819,12 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	if v.ttl <= 0 {
 		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", v.why)
 	}
-	if headerGet(e.header, "Etag") == "" {
-		e.header.Set("Etag", etagOf(e.body))
+	p, why := h.pack(e)
+	if why != "" {
+		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", why)
 	}
 	herd.SetExpiry(ctx, v.ttl, v.staleFor)
-	return e.encode(), nil
+	return p.stored.encode(), nil
 }
 
 func (h *handler) log(level slog.Level, msg string, args ...any) {
