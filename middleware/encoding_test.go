@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	chimw "github.com/go-chi/chi/v5/middleware"
 	"github.com/redis/go-redis/v9"
@@ -565,5 +566,91 @@ func TestGunzipBounded(t *testing.T) {
 		if cap(out) > tc.limit+1 {
 			t.Errorf("%s: %d bytes allocated for a limit of %d", tc.name, cap(out), tc.limit)
 		}
+	}
+}
+
+// TestCompressKeepsOuterVary: the Vary: Accept-Encoding herd adds to a
+// gzip-coded entry joins, on every hit, the Vary an outer middleware sets
+// (CORS's Vary: Origin), never replaces it.
+func TestCompressKeepsOuterVary(t *testing.T) {
+	c, _ := newCache(t, nil)
+	page := testPage(8 << 10)
+	for _, rt := range secRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/html")
+				io.WriteString(w, page)
+			})
+			mw := func(next http.Handler) http.Handler {
+				inner := New(c, &Options{Compress: true})(next)
+				return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Add("Vary", "Origin")
+					inner.ServeHTTP(w, r)
+				})
+			}
+			srv, cl := secServe(t, rt.build(mw, h))
+			for i, ae := range []string{"gzip", "gzip", "identity"} {
+				r := secGet(t, cl, srv.URL+"/outer-vary", "Accept-Encoding", ae)
+				vary := strings.Join(r.header.Values("Vary"), ", ")
+				if i > 0 && (!strings.Contains(vary, "Origin") || !strings.Contains(vary, "Accept-Encoding") || !strings.HasPrefix(r.cacheStatus(), statusHit)) {
+					t.Errorf("hit %d (%s): %v, Vary %q; want a hit varying on Origin and Accept-Encoding", i, ae, r, vary)
+				}
+			}
+		})
+	}
+}
+
+// TestCompressRefresh: a background refresh (a stale hit) is shown the
+// Accept-Encoding of its bucket, not the client's field, and stores its
+// response gzip-coded, as a miss does.
+func TestCompressRefresh(t *testing.T) {
+	c, rdb := newCache(t, nil)
+	opt := &Options{Compress: true, TTL: 300 * time.Millisecond, StaleFor: time.Minute}
+	page := testPage(16 << 10)
+	for _, rt := range secRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			var mu sync.Mutex
+			var shown []string
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				mu.Lock()
+				shown = append(shown, strings.Join(r.Header.Values("Accept-Encoding"), "|"))
+				mu.Unlock()
+				w.Header().Set("Content-Type", "text/html")
+				io.WriteString(w, page)
+			})
+			srv, cl := secServe(t, rt.build(New(c, opt), h))
+			url := srv.URL + "/refresh"
+			if r := secGet(t, cl, url); r.cacheStatus() != statusStored || r.body != page {
+				t.Fatalf("first request: %v, want the page, stored", r)
+			}
+			ae := "gzip, deflate, br"
+			secWaitFor(t, "a stale hit", func() bool {
+				r := secGet(t, cl, url, "Accept-Encoding", ae)
+				return r.cacheStatus() == statusStale
+			})
+			secWaitFor(t, "the refreshed entry", func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return len(shown) == 2
+			})
+			secWaitFor(t, "a fresh hit", func() bool {
+				return strings.HasPrefix(secGet(t, cl, url, "Accept-Encoding", ae).cacheStatus(), statusHit)
+			})
+			mu.Lock()
+			if len(shown) != 2 || shown[0] != "identity" || shown[1] != "gzip" {
+				t.Errorf("the handler was shown Accept-Encoding %q, want identity (the first client), then gzip (the refresh)", shown)
+			}
+			mu.Unlock()
+			if n := storedBytes(t, rdb, opt, url); n == 0 || n > int64(len(page)/3) {
+				t.Errorf("%d bytes in Redis after the refresh for a %d-byte page, want it compressed", n, len(page))
+			}
+			gz := secGet(t, cl, url, "Accept-Encoding", "gzip")
+			if gz.header.Get("Content-Encoding") != "gzip" || gunzipString(gz.body) != page {
+				t.Errorf("gzip client after the refresh: %v, Content-Encoding %q", gz, gz.header.Get("Content-Encoding"))
+			}
+			if id := secGet(t, cl, url); id.header.Get("Content-Encoding") != "" || id.body != page {
+				t.Errorf("identity client after the refresh: %v, Content-Encoding %q", id, id.header.Get("Content-Encoding"))
+			}
+		})
 	}
 }

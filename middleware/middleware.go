@@ -60,7 +60,8 @@ type Options struct {
 	// handlers whose response depends on them (Accept-Language, say).
 	// Listing Authorization or Cookie here makes credentialed requests
 	// cacheable per credential. To key on some cookies only, use
-	// KeyCookies instead.
+	// KeyCookies instead. Listing Accept-Encoding keys its bucket, not
+	// its value (see the Compression section of the package doc).
 	KeyHeaders []string
 
 	// KeyCookies names the request cookies (case-sensitive names) that
@@ -550,6 +551,18 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 	for name, vs := range e.header {
 		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) {
 			continue // never replayed, even from an entry stored before this rule
+		}
+		if name == "Vary" {
+			// Added to what an outer middleware set (CORS's Vary: Origin):
+			// the entry's Vary may be herd's own (compress.go).
+			merged := slices.Clone(dst[name]) // never appended in place
+			for _, v := range vs {
+				if !slices.Contains(merged, v) {
+					merged = append(merged, v)
+				}
+			}
+			dst[name] = merged
+			continue
 		}
 		dst[name] = slices.Clone(vs)
 	}
