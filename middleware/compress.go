@@ -161,7 +161,7 @@ func (h *handler) pack(e *entry) (packed, string) {
 		if !h.cfg.Compress || noTransform || len(e.body) < h.cfg.CompressMinBytes || !compressible(headerGet(e.header, "Content-Type")) {
 			return packed{stored: e}, ""
 		}
-		gz := gzipBytes(e.body)
+		gz := gzipBytes(e.body, h.cfg.CompressLevel)
 		if len(gz) > len(e.body)-len(e.body)/8 {
 			return packed{stored: e}, ""
 		}
@@ -227,29 +227,29 @@ func (h *handler) variant(r *http.Request, e *entry, plain []byte) (*entry, erro
 	return v, nil
 }
 
-// gzipLevel is the level herd compresses at.
-const gzipLevel = gzip.DefaultCompression
-
-// gzipWriters and gzipReaders keep the (large) state of compressors and
-// decompressors between uses.
+// gzipWriters (one pool per level, *gzip.Writer) and gzipReaders
+// (*gzip.Reader) keep the large state of compressors and decompressors
+// between uses.
 var (
-	gzipWriters = sync.Pool{New: func() any {
-		zw, _ := gzip.NewWriterLevel(nil, gzipLevel)
-		return zw
-	}}
-	gzipReaders sync.Pool // *gzip.Reader
+	gzipWriters [gzip.BestCompression + 1]sync.Pool
+	gzipReaders sync.Pool
 )
 
-// gzipBytes compresses p.
-func gzipBytes(p []byte) []byte {
+// gzipBytes compresses p at level (1 to 9).
+func gzipBytes(p []byte, level int) []byte {
 	var b bytes.Buffer
 	b.Grow(len(p)/4 + 64)
-	zw := gzipWriters.Get().(*gzip.Writer)
-	zw.Reset(&b)
+	pool := &gzipWriters[level]
+	zw, _ := pool.Get().(*gzip.Writer)
+	if zw == nil {
+		zw, _ = gzip.NewWriterLevel(&b, level) // level is valid (resolve)
+	} else {
+		zw.Reset(&b)
+	}
 	_, _ = zw.Write(p) // a bytes.Buffer does not fail
 	_ = zw.Close()
 	zw.Reset(nil) // do not keep b alive from the pool
-	gzipWriters.Put(zw)
+	pool.Put(zw)
 	return b.Bytes()
 }
 

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -203,6 +204,12 @@ type Options struct {
 	// CompressMinBytes is the smallest body Compress compresses.
 	// Default: 1 KiB.
 	CompressMinBytes int
+
+	// CompressLevel is the gzip level of Compress, from 1 (fastest) to 9
+	// (smallest). An entry is compressed once and served many times:
+	// the default favours size. BenchmarkCompress has the trade-off on a
+	// 32 KiB page. Default: 6 (what gzip.DefaultCompression stands for).
+	CompressLevel int
 }
 
 // The reasons [Options.OnBypass] is given.
@@ -264,6 +271,12 @@ func (o *Options) resolve() config {
 	}
 	if c.CompressMinBytes == 0 {
 		c.CompressMinBytes = defaultCompressMinBytes
+	}
+	if c.CompressLevel < 0 || c.CompressLevel > gzip.BestCompression {
+		panic(fmt.Sprintf("herd/middleware: Options.CompressLevel %d is not a gzip level (1 to 9)", c.CompressLevel))
+	}
+	if c.CompressLevel == 0 {
+		c.CompressLevel = 6 // gzip.DefaultCompression is -1
 	}
 	if len(c.Scope) > 256 {
 		panic(fmt.Sprintf("herd/middleware: Options.Scope is %d bytes, above 256", len(c.Scope)))

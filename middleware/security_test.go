@@ -2042,6 +2042,10 @@ func TestInvalidOptions(t *testing.T) {
 		{"KeyHeaders space", c, &Options{KeyHeaders: []string{"X Bad"}}},
 		{"KeyHeaders colon", c, &Options{KeyHeaders: []string{"X-Bad:"}}},
 		{"KeyHeaders CRLF", c, &Options{KeyHeaders: []string{"X-A\r\nX-B"}}},
+		{"negative CompressMinBytes", c, &Options{Compress: true, CompressMinBytes: -1}},
+		{"CompressLevel 10", c, &Options{Compress: true, CompressLevel: 10}},
+		{"CompressLevel -1", c, &Options{Compress: true, CompressLevel: -1}},
+		{"Compress with Accept-Encoding keyed", c, &Options{Compress: true, KeyHeaders: []string{"accept-encoding"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer func() {
