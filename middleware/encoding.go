@@ -133,14 +133,20 @@ func qvaluePositive(q string) bool {
 	return positive
 }
 
-// The encoding part of a key: keyMark and one byte, 'z' when all
-// clients share the entry, else the client's bucket. Its length is fixed,
-// so appending it to a key keeps keys injective.
-const keyMark = "|ae="
+// The encoding part of a key: "|ae=" and one byte, z when all clients
+// share the entry, else the client's bucket. Its length is fixed, so
+// appending it to a key keeps keys injective.
+const (
+	keyShared   = "|ae=z"
+	keyBrGzip   = "|ae=b"
+	keyBr       = "|ae=r"
+	keyGzip     = "|ae=g"
+	keyIdentity = "|ae=i"
+)
 
-// bucket is how r's Accept-Encoding enters the key (its byte), and the
+// bucket is what r's Accept-Encoding adds to its key, and the
 // Accept-Encoding the handler is shown when it builds the entry.
-func (h *handler) bucket(r *http.Request) (code byte, shown string) {
+func (h *handler) bucket(r *http.Request) (key, shown string) {
 	a := parseAcceptEncoding(r.Header.Values("Accept-Encoding"))
 	if !h.cfg.encodingKeyed {
 		// One entry for all: the handler is shown what its own client
@@ -148,25 +154,25 @@ func (h *handler) bucket(r *http.Request) (code byte, shown string) {
 		// client is acceptable to it, and herd decodes the stored entry
 		// for the clients without gzip.
 		if a&acceptsGzip != 0 {
-			return 'z', "gzip"
+			return keyShared, "gzip"
 		}
-		return 'z', "identity"
+		return keyShared, "identity"
 	}
 	switch a {
 	case acceptsBr | acceptsGzip:
-		return 'b', "br, gzip"
+		return keyBrGzip, "br, gzip"
 	case acceptsBr:
-		return 'r', "br"
+		return keyBr, "br"
 	case acceptsGzip:
-		return 'g', "gzip"
+		return keyGzip, "gzip"
 	}
-	return 'i', "identity"
+	return keyIdentity, "identity"
 }
 
 // encodingKey is what r's Accept-Encoding adds to its key.
 func (h *handler) encodingKey(r *http.Request) string {
-	code, _ := h.bucket(r)
-	return keyMark + string(code)
+	key, _ := h.bucket(r)
+	return key
 }
 
 // handlerRequest returns the request the handler builds an entry from: r
