@@ -623,7 +623,8 @@ func withoutConditionals(r *http.Request) *http.Request {
 // lead runs the handler for a Fill and stores, shares or abandons its
 // response. A panic is re-raised after the Fill is aborted, so an outer
 // recoverer sees it. The handler gets the request as a GET without its
-// conditional header fields: the entry it builds is for everyone.
+// conditional header fields, with its bucket's Accept-Encoding
+// (handlerRequest): the entry it builds is for everyone.
 func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) {
 	head := r.Method == http.MethodHead
 	req := h.handlerRequest(r)
