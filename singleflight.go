@@ -247,10 +247,12 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 		if f.load != nil || !now.Before(env.softExp) {
 			return nil, nil, false
 		}
-		if !follower {
-			f.outcome = OutcomePass
-			c.stats.passes.Add(1)
+		if follower {
+			// It waited on the rebuild that passed: told as its waiters are.
+			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload), true
 		}
+		f.outcome = OutcomePass
+		c.stats.passes.Add(1)
 		return nil, passError(f.key), true
 	}
 	switch {

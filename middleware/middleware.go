@@ -160,11 +160,36 @@ type Options struct {
 	MaxKeyBytes int
 
 	// OnBypass, if set, is called for each request that bypasses the
-	// cache before any lookup, with the reason (one of the Bypass
-	// constants): count them to see what the cache does not serve, and
-	// the attacks that try to blow up its bounds. It is called in the
-	// request's goroutine and must be fast.
+	// cache before any lookup, and for each request served directly
+	// because a lookup found its URL's hit-for-miss mark, with the reason
+	// (one of the Bypass constants): count them to see what the cache
+	// does not serve, and the attacks that try to blow up its bounds
+	// (github.com/herdkit/herd/prometheus has NewBypassCounter for it).
+	// It is called in the request's goroutine and must be fast.
 	OnBypass func(r *http.Request, reason string)
+
+	// HitForMiss is how long a URL whose response could not be shared
+	// (see the package documentation) is remembered as such, in Redis,
+	// for every instance: until then its requests run the handler at
+	// once, side by side, instead of waiting for each other's responses
+	// (Cache-Status "herd; fwd=bypass; detail=hit-for-miss", OnBypass
+	// reason [BypassHitForMiss]). Default: 5s. Negative: off (every
+	// request for the URL leads a rebuild, and the requests that arrive
+	// meanwhile wait for it). At most 1h; below 1ms (but not negative)
+	// New panics.
+	HitForMiss time.Duration
+
+	// Class, if set, names a request's route for metrics: it becomes
+	// part of the key, and [KeyClass], set as the Cache's
+	// herd.Options.KeyClass, reads it back, so that herd's metrics (and
+	// its lease calibration) are per route ("/products/{id}") instead of
+	// one class for every page. [RoutePattern] is the usual choice. It
+	// must return few distinct values (a route, not a URL: herd's
+	// Prometheus adapter reports classes beyond its MaxClasses as
+	// "other"), and the same for a GET and a HEAD of a URL (a HEAD is
+	// served from the GET entry of the same key). Classes are cut to 128
+	// bytes; "" is no class. Default: none (keys without a class).
+	Class func(r *http.Request) string
 
 	// Scope is the key namespace of this middleware: two requests share
 	// an entry only if their scopes are equal. Two handlers that answer
@@ -222,6 +247,8 @@ const (
 	BypassKeyFunc        = "keyfunc"         // KeyFunc said no
 	BypassKeyTooLarge    = "key_too_large"   // the key would exceed MaxKeyBytes
 	BypassUpgrade        = "upgrade"         // Upgrade (WebSocket, h2c) or Connection: upgrade
+	BypassNoStore        = "no_store"        // Cache-Control: no-store in the request (RFC 9111 §5.2.1.5)
+	BypassHitForMiss     = "hit_for_miss"    // a lookup found the URL's hit-for-miss mark (see Options.HitForMiss)
 )
 
 type config struct {
@@ -295,6 +322,7 @@ func (o *Options) resolve() config {
 	if c.ErrorHandler == nil {
 		c.ErrorHandler = defaultErrorHandler
 	}
+	c.HitForMiss = resolveHitForMiss(c.HitForMiss)
 	for _, h := range c.KeyHeaders {
 		if h == "" || strings.ContainsAny(h, " :\r\n") {
 			panic(fmt.Sprintf("herd/middleware: invalid KeyHeaders entry %q", h))
@@ -354,13 +382,10 @@ var errServerError = errors.New("herd/middleware: the handler answered with a se
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, why := h.keyOrBypass(r)
 	if why != "" {
-		if h.cfg.OnBypass != nil {
-			h.cfg.OnBypass(r, why)
-		}
-		w.Header().Set("Cache-Status", statusBypass)
-		h.next.ServeHTTP(w, r)
+		h.bypass(w, r, why, statusBypass)
 		return
 	}
+	key = h.classKey(r) + key
 	ctx := r.Context()
 	retried, replaced := false, false
 	for {
@@ -398,6 +423,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case errors.Is(err, herd.ErrLoadFailed):
 			h.log(slog.LevelWarn, "herd/middleware: the response failed twice; answering with ErrorHandler", "key", key, "err", err)
 			h.cfg.ErrorHandler(w, r, err)
+			return
+		case errors.Is(err, herd.ErrPass):
+			// The URL's hit-for-miss mark: no response of it is shared
+			// now, so nobody waits for anybody.
+			h.bypass(w, r, BypassHitForMiss, statusHitForMiss)
 			return
 		default:
 			// Not shared, wait budget spent, Redis unavailable, a
@@ -437,6 +467,9 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	}
 	if isUpgrade(r) {
 		return "", BypassUpgrade
+	}
+	if requestNoStore(r) {
+		return "", BypassNoStore
 	}
 	rh := h.scanHeaders(r)
 	if !h.cfg.AllowAuthorized && h.unkeyedCredentials(r, rh) {
@@ -632,7 +665,7 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
 	cw.onPassthrough = func() {
 		// Release the waiters now, not when a stream (maybe endless) ends.
-		fill.Abort(fmt.Errorf("%w: the response streamed, outgrew MaxBodyBytes or was hijacked", herd.ErrNotShared))
+		h.notShared(r, fill, "the response streamed, outgrew MaxBodyBytes or was hijacked", true)
 	}
 	done := false
 	defer func() {
@@ -664,7 +697,7 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 	if v.ttl > 0 || (v.shared && e.status < 500) {
 		var why string
 		if p, why = h.pack(e); why != "" {
-			v = verdict{why: why}
+			v = verdict{why: why, mark: true} // the response's own encoding: the URL's
 		}
 	}
 	switch {
@@ -696,7 +729,7 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 			_ = fill.Commit(p.stored.encode(), max(v.ttl, time.Millisecond), 0) // local waiters only
 		}
 	default:
-		fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, v.why))
+		h.notShared(r, fill, v.why, v.mark)
 	}
 	h.log(slog.LevelDebug, "herd/middleware: response not stored", "status", e.status, "reason", v.why)
 	h.write(w, r, e, statusMiss, 0)
@@ -708,6 +741,7 @@ type verdict struct {
 	staleFor time.Duration // how long it may be served stale after ttl
 	shared   bool          // the requests waiting for it may take it
 	why      string        // why it is not stored
+	mark     bool          // not stored for a reason of the URL's, not of this request's: hit-for-miss
 	age      time.Duration // the Age the handler gave it
 }
 
@@ -726,11 +760,11 @@ func setStoredAge(e *entry, v verdict) {
 // set for every response (CORS's Vary: Origin).
 func (h *handler) decide(r *http.Request, e *entry, full http.Header, before headerSnapshot) verdict {
 	if name := perUserField(full); name != "" {
-		return verdict{why: "sets " + name + ", which is per user"}
+		return verdict{why: "sets " + name + ", which is per user", mark: true}
 	}
 	cc := parseCacheControl(full)
 	if cc.has("private") || cc.has("no-store") || cc.has("no-cache") {
-		return verdict{why: "Cache-Control forbids a shared cache"}
+		return verdict{why: "Cache-Control forbids a shared cache", mark: true}
 	}
 	for _, v := range handlerValues(full, before, "Vary") {
 		for name := range strings.SplitSeq(v, ",") {
@@ -739,7 +773,7 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header, before hea
 				continue
 			}
 			if name == "*" || !h.keyed(name) {
-				return verdict{why: "varies on " + name + ", which is not part of the key"}
+				return verdict{why: "varies on " + name + ", which is not part of the key", mark: true}
 			}
 		}
 	}
@@ -757,7 +791,7 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header, before hea
 		// 0 or past, given twice with different values, or an Age past
 		// it. It could only be served after a revalidation, which herd
 		// does not do.
-		return verdict{why: "stale on arrival (s-maxage, max-age or Expires, less Age)"}
+		return verdict{why: "stale on arrival (s-maxage, max-age or Expires, less Age)", mark: true}
 	}
 	if h.cfg.RespectCacheControl && f.stated {
 		ttl = left
@@ -838,17 +872,22 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	cw := newCaptureWriter(nil, h.cfg.MaxBodyBytes, false)
 	h.next.ServeHTTP(cw, req)
 	if cw.passthrough {
-		return nil, fmt.Errorf("herd/middleware: refresh response streamed, outgrew MaxBodyBytes or hijacked")
+		return nil, fmt.Errorf("herd/middleware: refresh response %w: it streamed, outgrew MaxBodyBytes or was hijacked", herd.ErrNotShared)
 	}
 	e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
 	v := h.decide(req, e, cw.header, nil)
 	setStoredAge(e, v)
-	if v.ttl <= 0 {
+	if v.ttl <= 0 && e.status >= 500 {
 		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", v.why)
+	}
+	if v.ttl <= 0 {
+		// Not a failure: counted as not shared (the stale response stays
+		// servable for its stale window, and refreshes back off).
+		return nil, fmt.Errorf("herd/middleware: refresh response %w: %s", herd.ErrNotShared, v.why)
 	}
 	p, why := h.pack(e)
 	if why != "" {
-		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", why)
+		return nil, fmt.Errorf("herd/middleware: refresh response %w: %s", herd.ErrNotShared, why)
 	}
 	herd.SetExpiry(ctx, v.ttl, v.staleFor)
 	return p.stored.encode(), nil
