@@ -306,3 +306,81 @@ func testJSON(size int) string {
 	b.WriteString(`],"next":null}`)
 	return b.String()
 }
+
+// BenchmarkHitForMiss sends waves of 100 concurrent requests to a route
+// that sets a cookie (its responses are never shared) with a handler of
+// fixed duration, to the bare handler and behind the middleware with
+// hit-for-miss off and on. Each iteration is one wave. It reports the
+// median request latency, and its ratio to the bare handler's median
+// measured in the same run (p50/bare): without the mark a wave's requests
+// wait for a leader whose response they cannot take, then run the handler
+// themselves (about 2x); with it they run at once (about 1x).
+func BenchmarkHitForMiss(b *testing.B) {
+	const (
+		work = 90 * time.Millisecond // the handler of the trial this reproduces
+		wave = 100
+	)
+	c, _ := newCache(b, nil)
+	cookie := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(work)
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: "s"})
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(benchBody)
+	})
+	tr := &http.Transport{MaxIdleConnsPerHost: 2 * wave}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	// send runs one wave and returns its latencies.
+	send := func(b *testing.B, url string) []time.Duration {
+		lat := make([]time.Duration, wave)
+		var wg sync.WaitGroup
+		for i := range lat {
+			wg.Go(func() {
+				t0 := time.Now()
+				res, err := client.Get(url)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				lat[i] = time.Since(t0)
+			})
+		}
+		wg.Wait()
+		return lat
+	}
+	p50 := func(lat []time.Duration) time.Duration {
+		slices.Sort(lat)
+		return lat[len(lat)/2]
+	}
+	servers := map[string]*httptest.Server{}
+	for name, h := range map[string]http.Handler{
+		"bare":         cookie,
+		"hit-for-miss": New(c, &Options{HitForMiss: time.Minute})(cookie),
+		"off":          New(c, &Options{HitForMiss: -1})(cookie),
+	} {
+		servers[name] = httptest.NewServer(h)
+		defer servers[name].Close()
+	}
+	url := func(name string) string { return servers[name].URL + "/account" }
+	for name := range servers {
+		send(b, url(name)) // connections open; the hit-for-miss route is marked
+	}
+	var base []time.Duration
+	for range 3 {
+		base = append(base, send(b, url("bare"))...)
+	}
+	bare := p50(base)
+	for _, name := range []string{"bare", "off", "hit-for-miss"} {
+		b.Run(name, func(b *testing.B) {
+			var lat []time.Duration
+			for b.Loop() {
+				lat = append(lat, send(b, url(name))...)
+			}
+			m := p50(lat)
+			b.ReportMetric(float64(m)/float64(time.Millisecond), "p50-ms")
+			b.ReportMetric(float64(m)/float64(bare), "p50/bare")
+		})
+	}
+}

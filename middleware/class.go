@@ -75,10 +75,10 @@ func KeyClass(next func(key string) string) func(key string) string {
 
 // RoutePattern is an [Options.Class] for the middleware in chi's r.Use,
 // which runs before the router has matched a route (r.Pattern is empty
-// then): it finds the pattern that will serve r from chi's root router,
-// a second walk of the routing tree (well under a microsecond for a
-// typical router). Elsewhere, and when chi finds no route, it is
-// r.Pattern. A HEAD request gets its GET route's pattern, so that it is
+// or a mount's "/*" then): it finds the pattern that will serve r from
+// chi's root router, a second walk of the routing tree. Elsewhere
+// (http.ServeMux, chi's r.With or a route's handler), and when chi finds
+// no route, it is r.Pattern, which the router has set by then. A HEAD request gets its GET route's pattern, so that it is
 // served from the GET entry.
 func RoutePattern(r *http.Request) string {
 	if rc := chi.RouteContext(r.Context()); rc != nil && rc.Routes != nil {

@@ -50,6 +50,13 @@
 // and Age computed when serving: the Age the handler gave plus the time
 // herd held the response.
 //
+// A request's own Cache-Control: no-store bypasses the cache too (its
+// response must not be stored, RFC 9111 §5.2.1.5). Its no-cache, Pragma:
+// no-cache and max-age=0 (what a browser sends on reload) are ignored,
+// as shared caches commonly do: they only state a preference (§5.2.1.4),
+// and honouring them would let any client send every request past the
+// coalescing to the handler.
+//
 // # How waiting requests are served
 //
 // The first request for a cold URL runs the handler, in its own goroutine
@@ -204,7 +211,43 @@
 //
 // # Hit-for-miss
 //
-// (to be written)
+// A URL whose response could not be shared is remembered as such, in
+// Redis, for [Options.HitForMiss] (default 5s; negative turns it off):
+// Varnish's hit-for-miss. Without it every request for, say, a page that
+// sets a session cookie would lead a rebuild that nobody can take, and
+// the requests arriving meanwhile would wait for it only to run the
+// handler themselves afterwards: twice the handler's latency, and the
+// requests of a URL served one wave at a time. With it, the first such
+// response marks the URL ([herd.Fill.Pass]); the requests waiting for it,
+// in every instance, run the handler at once, and until the mark expires
+// each request for the URL runs the handler at once, side by side, with
+// no lease and no waiting, at the cost of the one GET a hit costs. They
+// carry Cache-Status "herd; fwd=bypass; detail=hit-for-miss" (RFC 9211's
+// bypass: the cache chose not to handle the request; the detail says
+// why) and are reported to [Options.OnBypass] as [BypassHitForMiss].
+//
+// A response marks its URL when the reason it is not stored is the
+// response's own: a per-user field (Set-Cookie and the others above),
+// Cache-Control private, no-store or no-cache, a Vary on a header outside
+// the key (or *), stale on arrival, a stream, a hijack, or a body past
+// MaxBodyBytes (marked as soon as it streams, so the waiters do not wait
+// for its end). It does not when the reason is a failure or this request:
+// a 5xx (one waiter retries, as before), a status without a TTL in
+// StatusTTL (a 403 or a 429 may be passing), a response to a request
+// with credentials outside the key (under AllowAuthorized: it says
+// nothing of anyone else's), a response the client left before it was
+// complete, or a rebuild that is not leased (Redis unreachable). The mark
+// holds no response, only the reason, and is never served as a page: it
+// is a herd envelope with a flag of its own, which herd never hands out
+// as a value (herd before it reads it as a corrupt value: a miss). It
+// expires with its TTL in Redis, and
+// a Set or Invalidate of the key (a purge) removes it at once. The first
+// request after it expires leads again: the URL is cached again if its
+// response has become shareable, or marked again. A background refresh
+// of a stale entry whose response has become unshareable leaves no mark:
+// it fails, counted as not shared, and the stale response is served for
+// the rest of its stale window while refreshes back off, as after any
+// failed refresh; the first request after the window marks the URL.
 //
 // # Tag purges
 //
@@ -286,5 +329,50 @@
 //
 // # Metrics
 //
-// (to be written)
+// herd's [herd.Observer] (and the Prometheus adapter in
+// github.com/herdkit/herd/prometheus) sees the middleware's lookups as
+// any other Begin call: one lookup per request that reaches the cache
+// (two for a request that waited on a failed rebuild and asks again),
+// with its outcome: hit, stale, leader (the request ran the handler for
+// everyone), follower (it waited for another request's response, in this
+// instance or another, whatever that response was) or pass (its URL's
+// hit-for-miss mark). Each leader is one load, whatever its result:
+// ok (stored), not_shared (a response that could not be shared: no
+// failure; [herd.Stats] counts it in NotShared, not in LoadErrors) or
+// error (a 5xx or a panic); a leader whose client went away has none. A
+// stale lookup's background refresh is a load too, without a lookup.
+// [herd.Cache.Stats] holds the same counts.
+//
+// Requests that bypass the cache never reach herd: [Options.OnBypass]
+// reports each of them, and each request served because of its URL's
+// hit-for-miss mark, with the reason (method, method_override, body,
+// range, credentials, keyfunc, key_too_large, upgrade, no_store,
+// hit_for_miss). The Prometheus adapter's NewBypassCounter counts them:
+//
+//	reg := prometheus.NewRegistry()
+//	cache := herd.New(rdb, &herd.Options{
+//		Observer: herdprom.NewObserver(reg, nil),
+//		KeyClass: middleware.KeyClass(nil), // per-route classes, below
+//	})
+//	mw := middleware.New(cache, &middleware.Options{
+//		OnBypass: herdprom.NewBypassCounter(reg, nil),
+//		Class:    middleware.RoutePattern,
+//	})
+//
+// Per route: herd labels its metrics with the class herd.Options.KeyClass
+// gives a key, and the middleware cannot change the Cache's options. So
+// [Options.Class] names the request's route, the middleware writes that
+// name at the front of the request's key, and [KeyClass], plugged into
+// herd.Options.KeyClass, reads it back: metrics then show
+// "/products/{id}" rather than one class for every page, and lease
+// lengths are calibrated per route. Nothing is added to the hit path but
+// the name's bytes in the key (no context value for the core to look
+// up). [RoutePattern] is the pattern of the route that serves the
+// request: r.Pattern, which http.ServeMux and chi set before they call a
+// route's handler, or, for the middleware in chi's r.Use (which runs
+// before the router matched), the route chi finds for the request. A
+// class must be a route, not a URL: the Prometheus adapter reports
+// classes beyond its Options.MaxClasses (100 by default) as "other", and the Cache's calibration keeps a bounded number of them.
+// Setting Class changes every key, so the first requests after the
+// change are cold.
 package middleware

@@ -225,3 +225,40 @@ func TestRequestCacheControl(t *testing.T) {
 		})
 	}
 }
+
+// TestStaleRefreshNotShared: a background refresh whose response is not
+// shareable is counted as not shared, not as a load error; the stale
+// response stays servable and refreshes back off.
+func TestStaleRefreshNotShared(t *testing.T) {
+	for _, rt := range secRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			c, _ := newCache(t, nil)
+			var cookie atomic.Bool
+			var runs atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				if cookie.Load() {
+					http.SetCookie(w, &http.Cookie{Name: "session", Value: "x"})
+				}
+				io.WriteString(w, "page")
+			})
+			srv, cl := secServe(t, rt.build(New(c, &Options{TTL: time.Millisecond, StaleFor: time.Minute}), h))
+			url := srv.URL + "/news"
+			if r := secGet(t, cl, url); r.cacheStatus() != statusStored {
+				t.Fatalf("first request: %v, want %q", r, statusStored)
+			}
+			cookie.Store(true)
+			time.Sleep(10 * time.Millisecond) // past the 1ms fresh period
+			if r := secGet(t, cl, url); r.cacheStatus() != statusStale || r.header.Get("Set-Cookie") != "" {
+				t.Fatalf("stale request: %v, want the stored page, stale", r)
+			}
+			secWaitFor(t, "the refresh", func() bool { return c.Stats().NotShared == 1 })
+			if r := secGet(t, cl, url); r.cacheStatus() != statusStale || r.body != "page" {
+				t.Errorf("after the refresh: %v, want the stale page", r)
+			}
+			if s := c.Stats(); s.LoadErrors != 0 || s.NotShared != 1 || runs.Load() != 2 {
+				t.Errorf("load errors %d, not shared %d, handler runs %d; want 0, 1, 2 (the refresh backs off)", s.LoadErrors, s.NotShared, runs.Load())
+			}
+		})
+	}
+}
