@@ -70,7 +70,9 @@ var errYielded = errors.New("herd: the fill was given up")
 //   - an error: [ErrNotFound] (a negative entry), ErrLoadFailed (the
 //     rebuild this caller waited on failed; calling Begin again makes a
 //     new leader), [ErrNotShared] (that rebuild was not for sharing: build
-//     it yourself), [ErrWaitTimeout], [ErrUnavailable], ctx.Err(), or the
+//     it yourself; wrapping [ErrPass] too when the key carries a pass
+//     mark, see [Fill.Pass]: build it yourself, nobody waits for it),
+//     [ErrWaitTimeout], [ErrUnavailable], ctx.Err(), or the
 //     argument errors of Get.
 //
 // Callers in one process that arrive while a Fill of theirs is running

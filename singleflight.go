@@ -724,7 +724,11 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 	case errors.Is(err, ErrNotFound):
 		return nil, ErrNotFound
 	case err != nil:
-		c.stats.loadErrors.Add(1)
+		if errors.Is(err, ErrNotShared) {
+			c.stats.notShared.Add(1) // as in lead: no failure
+		} else {
+			c.stats.loadErrors.Add(1)
+		}
 		return nil, fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
 	}
 	return val, nil

@@ -29,8 +29,10 @@
 //   - outcome="leader" counts rebuilds, not callers: of the callers of one
 //     rebuild in a process one is the leader and the others followers. A
 //     leader's rebuild is one herd_loads_total with leased="true", whatever
-//     its result, except a [herd.Fill.Handover] (an HTTP client that went
-//     away), which has no load.
+//     its result, except one handed over ([herd.Fill.Handover]: an HTTP
+//     client that went away; or a Begin caller that left before it got
+//     its Fill), which has none. A background refresh is a load without
+//     a lookup.
 //   - result="not_shared" is a rebuild whose value was not for sharing
 //     (the HTTP middleware's responses that set a cookie, are private,
 //     streamed or too large): no failure, and not in result="error".
