@@ -235,9 +235,12 @@ func TestCookieOptionsResponseRules(t *testing.T) {
 					for i := range n {
 						cookie := fmt.Sprintf("lang=de; _ga=GA1.2.%d", i)
 						r := secGet(t, cl, url, "Cookie", cookie)
-						want := fmt.Sprintf("run%d", i+1)
-						if r.body != want || r.cacheStatus() != statusMiss {
-							t.Errorf("request %d: %v, want its own run %q, looked up and not stored (%q)", i, r, want, statusMiss)
+						want, status := fmt.Sprintf("run%d", i+1), statusMiss
+						if i > 0 {
+							status = statusHitForMiss // the first response marked the URL
+						}
+						if r.body != want || r.cacheStatus() != status {
+							t.Errorf("request %d: %v, want its own run %q, not stored (%q)", i, r, want, status)
 						}
 						if got := r.header.Get("Set-Cookie"); resp.header == nil && !strings.HasPrefix(got, "session="+want) {
 							t.Errorf("request %d: Set-Cookie %q, want the cookie of its own run", i, got)
