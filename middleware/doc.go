@@ -229,9 +229,10 @@
 // A response marks its URL when the reason it is not stored is the
 // response's own: a per-user field (Set-Cookie and the others above),
 // Cache-Control private, no-store or no-cache, a Vary on a header outside
-// the key (or *), stale on arrival, a stream, a hijack, or a body past
+// the key (or *), stale on arrival, a stream, a hijack, a body past
 // MaxBodyBytes (marked as soon as it streams, so the waiters do not wait
-// for its end). It does not when the reason is a failure or this request:
+// for its end), or a Content-Encoding herd cannot serve to every client
+// of the key (see Compression). It does not when the reason is a failure or this request:
 // a 5xx (one waiter retries, as before), a status without a TTL in
 // StatusTTL (a 403 or a 429 may be passing), a response to a request
 // with credentials outside the key (under AllowAuthorized: it says

@@ -77,7 +77,11 @@ func gunzipString(s string) string {
 // a GET of url under opt (0 when there is none).
 func storedBytes(t *testing.T, rdb *redis.Client, opt *Options, url string, hdr ...string) int64 {
 	t.Helper()
-	n, err := rdb.StrLen(context.Background(), secRedisKey(secKeyOfURL(t, opt, url, hdr...), "v")).Result()
+	key := secKeyOfURL(t, opt, url, hdr...)
+	if !secStored(t, rdb, key) {
+		return 0 // nothing, or a hit-for-miss mark
+	}
+	n, err := rdb.StrLen(context.Background(), secRedisKey(key, "v")).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -518,9 +522,9 @@ func TestCodingHerdCannotDecode(t *testing.T) {
 			srv, cl := secServe(t, rt.build(New(c, &Options{Compress: rt.name == "chi"}), h))
 			for _, path := range []string{"/coded/br", "/coded/broken-gzip", "/coded/no-transform"} {
 				before := runs.Load()
-				for range 2 {
-					if r := secGet(t, cl, srv.URL+path, "Accept-Encoding", "gzip, br"); r.cacheStatus() != statusMiss || r.header.Get("Content-Encoding") == "" {
-						t.Errorf("%s: %v, Content-Encoding %q; want the handler's coded response, not stored", path, r, r.header.Get("Content-Encoding"))
+				for _, want := range []string{statusMiss, statusHitForMiss} { // the first marks the URL
+					if r := secGet(t, cl, srv.URL+path, "Accept-Encoding", "gzip, br"); r.cacheStatus() != want || r.header.Get("Content-Encoding") == "" {
+						t.Errorf("%s: %v, Content-Encoding %q; want the handler's coded response, not stored (%q)", path, r, r.header.Get("Content-Encoding"), want)
 					}
 				}
 				if got := runs.Load() - before; got != 2 {
