@@ -202,7 +202,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (*results, 
 		},
 	}
 	if rs.srv != nil {
-		res.redisPid = rs.srv.Pid()
+		res.redisPid = rs.srv.pid
 	}
 	for _, sc := range cfg.Scenarios {
 		for _, st := range cfg.Strategies {

@@ -15,6 +15,10 @@ import (
 	"time"
 )
 
+// testMainEnv makes the test binary run main, the bench command (see
+// TestMain).
+const testMainEnv = "HERD_BENCH_TEST_MAIN"
+
 // The test binary doubles as the worker: run() re-runs its own executable
 // with the worker role in the environment. With testMainEnv set it is the
 // bench command itself (main), for tests that signal a whole run.

@@ -29,8 +29,8 @@
 // after 5 s) and removes the directory when the run ends, also when it
 // fails or is interrupted by SIGINT (Ctrl-C) or SIGTERM; on Linux the
 // server also gets a parent-death SIGKILL, so even a killed bench leaves
-// none behind. With no redis-server on $PATH, or with -embedded, the
-// parent serves miniredis on loopback instead. miniredis is an emulation
+// none behind. With no redis-server on $PATH, with -embedded, or outside
+// Unix, the parent serves miniredis on loopback instead. miniredis is an emulation
 // that runs every Lua script under one global lock, so script-heavy
 // strategies (herd, redislock) are much slower on it than on a real server
 // (herd's steady p50 was 14 ms there against 0.5 ms on redis-server): use

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,7 +15,6 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
-	"github.com/herdkit/herd/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -147,8 +147,7 @@ type redisEnv struct {
 	spec    redisSpec
 	admin   redis.UniversalClient
 	mini    *miniredis.Miniredis
-	srv     *redistest.Server // the redis-server this run started, or nil
-	stopSrv func()            // stops srv and removes its directory; safe to call twice
+	srv     *ownServer // the redis-server this run started, or nil
 	stop    chan struct{}
 	done    chan struct{}
 }
@@ -163,6 +162,9 @@ func redisSource(cfg *config) string {
 	case cfg.RedisAddr != "":
 		return redisGiven
 	case cfg.Embedded:
+		return redisEmbedded
+	}
+	if !canStartServer {
 		return redisEmbedded
 	}
 	if _, err := exec.LookPath("redis-server"); err != nil {
@@ -184,17 +186,12 @@ func startRedis(ctx context.Context, cfg *config, stderr io.Writer) (*redisEnv, 
 	case redisGiven:
 		e.spec = redisSpec{Kind: "redis", Addrs: []string{cfg.RedisAddr}}
 	case redisStarted:
-		// redistest's StartMain is the same starter the tests use, and it
-		// is not bound to a testing.TB: it picks a free loopback port,
-		// passes --save "" --appendonly no --bind 127.0.0.1 and a temporary
-		// --dir, waits for PING from the very process it started, and
-		// stops that process (by its handle, so by pid) when told to.
-		s, stopSrv, err := redistest.StartMain()
+		s, err := startServer()
 		if err != nil {
 			return nil, fmt.Errorf("%w (pass -embedded to use the embedded miniredis instead)", err)
 		}
-		e.srv, e.stopSrv = s, stopSrv
-		e.spec = redisSpec{Kind: "redis", Addrs: []string{s.Addr()}}
+		e.srv = s
+		e.spec = redisSpec{Kind: "redis", Addrs: []string{s.addr}}
 	case redisEmbedded:
 		m := miniredis.NewMiniRedis()
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
@@ -221,11 +218,14 @@ func startRedis(ctx context.Context, cfg *config, stderr io.Writer) (*redisEnv, 
 	switch e.kind {
 	case redisStarted:
 		fmt.Fprintf(stderr, "bench: started redis-server %s on %s (pid %d); it is stopped when the run ends\n",
-			e.version, e.srv.Addr(), e.srv.Pid())
+			e.version, e.srv.addr, e.srv.pid)
 	case redisEmbedded:
 		why := "no redis-server on $PATH"
-		if cfg.Embedded {
+		switch {
+		case cfg.Embedded:
 			why = "-embedded"
+		case !canStartServer:
+			why = "the bench cannot start a redis-server on " + runtime.GOOS
 		}
 		fmt.Fprintf(stderr, "bench: %s: using the embedded miniredis, whose latencies are not representative"+
 			" (Lua scripts run one at a time); install redis-server or pass -redis ADDR for real figures\n", why)
@@ -262,8 +262,8 @@ func (e *redisEnv) close() {
 		<-e.done
 		e.mini.Close()
 	}
-	if e.stopSrv != nil {
-		e.stopSrv()
+	if e.srv != nil {
+		e.srv.stop()
 	}
 }
 

@@ -22,10 +22,6 @@ import (
 	"github.com/herdkit/herd/internal/redistest"
 )
 
-// testMainEnv makes the test binary run main, the bench command (see
-// TestMain).
-const testMainEnv = "HERD_BENCH_TEST_MAIN"
-
 // pidExists reports whether a process (zombies included) has this pid.
 func pidExists(pid int) bool {
 	err := syscall.Kill(pid, 0)
@@ -104,7 +100,7 @@ func TestStartRedis(t *testing.T) {
 		if e.kind != redisStarted || e.srv == nil || e.mini != nil {
 			t.Fatalf("kind %q, server %v, miniredis %v: want a started redis-server", e.kind, e.srv, e.mini)
 		}
-		pid, dir := e.srv.Pid(), e.srv.Dir()
+		pid, dir := e.srv.pid, e.srv.dir
 		// The server answering on the address is the process it started.
 		info, err := e.admin.Info(ctx, "server").Result()
 		if err != nil {
