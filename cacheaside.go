@@ -205,7 +205,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 				continue
 			}
 			recordOutcome(ctx, res.outcome)
-			c.sig.lookup(key, res.outcome)
+			c.sig.lookup(key, res.lookupOutcome(r.Shared))
 			if r.Err != nil {
 				return nil, r.Err
 			}
@@ -465,14 +465,23 @@ func (c *Cache) log(level slog.Level, msg string, args ...any) {
 }
 
 // Stats are a Cache's counters. Every field counts events since New.
+//
+// The lookup counters (Hits, NegativeHits, StaleServed, Passes, Misses)
+// count flights: concurrent Get callers of a key in one process share one,
+// while each [Cache.Begin] call is its own. A follower that finds the
+// rebuilt value counts as a follow, not as a hit. Loads and LocalLoads
+// count every run of a loader or [Fill], whatever its result; LoadErrors
+// and NotShared count some of them.
 type Stats struct {
-	Hits         uint64 // a fresh value was in Redis
-	NegativeHits uint64 // a remembered ErrNotFound was in Redis
+	Hits         uint64 // a lookup found a fresh value in Redis
+	NegativeHits uint64 // a lookup found a remembered ErrNotFound in Redis
 	Misses       uint64 // no usable value: a rebuild was needed
 	Corrupt      uint64 // bytes at a value key that are not an intact envelope (read as a miss)
-	Loads        uint64 // loader runs under a lease (origin calls by a leader)
-	LocalLoads   uint64 // loader runs without a lease (fail-open or fallback)
-	LoadErrors   uint64 // loader runs that failed or panicked
+	Loads        uint64 // loader runs and Fills under a lease (origin calls by a leader)
+	LocalLoads   uint64 // loader runs and Fills without a lease (fail-open or fallback)
+	LoadErrors   uint64 // loader runs and Fills that failed or panicked
+	NotShared    uint64 // loads whose value was not for sharing (ErrNotShared, Fill.Pass, a Fill value above MaxValueBytes): no failure
+	Passes       uint64 // Begin calls answered by a pass mark (Fill.Pass)
 	Leads        uint64 // flights that won the lease
 	Follows      uint64 // flights that waited on another process's rebuild
 	Takeovers    uint64 // followers that won the lease after the leader released or lapsed
@@ -493,6 +502,7 @@ type Stats struct {
 
 type counters struct {
 	hits, negativeHits, misses, corrupt, loads, localLoads, loadErrors      atomic.Uint64
+	notShared, passes                                                       atomic.Uint64
 	leads, follows, takeovers, notified, polled, waitTimeouts, fenced       atomic.Uint64
 	commitErrors, failOpen, breakerOpens                                    atomic.Uint64
 	staleServed, earlyRefreshes, refreshes, refreshErrors, refreshesDropped atomic.Uint64
@@ -502,7 +512,8 @@ func (s *counters) snapshot() Stats {
 	return Stats{
 		Hits: s.hits.Load(), NegativeHits: s.negativeHits.Load(), Misses: s.misses.Load(),
 		Corrupt: s.corrupt.Load(), Loads: s.loads.Load(), LocalLoads: s.localLoads.Load(),
-		LoadErrors: s.loadErrors.Load(), Leads: s.leads.Load(), Follows: s.follows.Load(),
+		LoadErrors: s.loadErrors.Load(), NotShared: s.notShared.Load(), Passes: s.passes.Load(),
+		Leads: s.leads.Load(), Follows: s.follows.Load(),
 		Takeovers: s.takeovers.Load(), Notified: s.notified.Load(), Polled: s.polled.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), Fenced: s.fenced.Load(), CommitErrors: s.commitErrors.Load(),
 		FailOpen: s.failOpen.Load(), BreakerOpens: s.breakerOpens.Load(),

@@ -12,7 +12,7 @@ import (
 //
 //	offset size field
 //	0      1    version (envelopeVersion)
-//	1      1    flags (flagNegative)
+//	1      1    flags (flagNegative, flagPass)
 //	2      8    fence token of the writer, big-endian
 //	10     8    written at, Unix milliseconds
 //	18     8    soft expiry (fresh until), Unix milliseconds
@@ -33,6 +33,7 @@ const (
 	envelopeHeader  = 42
 
 	flagNegative = 1 << 0
+	flagPass     = 1 << 1 // a pass mark (Fill.Pass): no value, build your own
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -40,6 +41,7 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // envelope is the decoded form.
 type envelope struct {
 	negative  bool
+	pass      bool // a pass mark: its payload is the reason, never a value
 	fence     uint64
 	writtenAt time.Time
 	softExp   time.Time
@@ -54,6 +56,9 @@ func (e *envelope) encode() []byte {
 	b[0] = envelopeVersion
 	if e.negative {
 		b[1] = flagNegative
+	}
+	if e.pass {
+		b[1] |= flagPass
 	}
 	binary.BigEndian.PutUint64(b[2:], e.fence)
 	binary.BigEndian.PutUint64(b[10:], uint64(e.writtenAt.UnixMilli()))
@@ -80,7 +85,7 @@ func envelopeSum(b []byte) uint32 {
 // decodeEnvelope parses b. It reports false for anything that is not an
 // intact envelope of this version: such a value is a miss, never a panic.
 func decodeEnvelope(b []byte) (envelope, bool) {
-	if len(b) < envelopeHeader || b[0] != envelopeVersion || b[1]&^flagNegative != 0 {
+	if len(b) < envelopeHeader || b[0] != envelopeVersion || b[1]&^(flagNegative|flagPass) != 0 {
 		return envelope{}, false
 	}
 	if binary.BigEndian.Uint32(b[38:]) != envelopeSum(b) {
@@ -88,6 +93,7 @@ func decodeEnvelope(b []byte) (envelope, bool) {
 	}
 	return envelope{
 		negative:  b[1]&flagNegative != 0,
+		pass:      b[1]&flagPass != 0,
 		fence:     binary.BigEndian.Uint64(b[2:]),
 		writtenAt: time.UnixMilli(int64(binary.BigEndian.Uint64(b[10:]))),
 		softExp:   time.UnixMilli(int64(binary.BigEndian.Uint64(b[18:]))),

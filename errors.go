@@ -67,8 +67,15 @@ var (
 	// ErrNotShared is what [Fill.Abort] is given when the value the caller
 	// built must not be shared or stored (an HTTP response for one user,
 	// say). The callers waiting on that rebuild, in every process, get an
-	// error wrapping it and build the value themselves.
+	// error wrapping it and build the value themselves. [Cache.Begin] also
+	// returns it, wrapping [ErrPass], while the key carries a pass mark.
 	ErrNotShared = errors.New("herd: value not shared")
+
+	// ErrPass is wrapped, with [ErrNotShared], in the error [Cache.Begin]
+	// returns while the key carries a pass mark left by [Fill.Pass]: the
+	// caller builds its own value at once, without a lease and without
+	// waiting for anyone, until the mark expires.
+	ErrPass = errors.New("herd: key marked pass")
 
 	// ErrUnavailable wraps the Redis error a Cache with
 	// [Options.FailClosed] returns when Redis cannot be reached or its

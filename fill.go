@@ -73,7 +73,9 @@ var errYielded = errors.New("herd: the fill was given up")
 //   - an error: [ErrNotFound] (a negative entry), ErrLoadFailed (the
 //     rebuild this caller waited on failed; calling Begin again makes a
 //     new leader), [ErrNotShared] (that rebuild was not for sharing: build
-//     it yourself), [ErrWaitTimeout], [ErrUnavailable], ctx.Err(), or the
+//     it yourself; wrapping [ErrPass] too when the key carries a pass
+//     mark, see [Fill.Pass]: build it yourself, nobody waits for it),
+//     [ErrWaitTimeout], [ErrUnavailable], ctx.Err(), or the
 //     argument errors of Get.
 //
 // Callers in one process that arrive while a Fill of theirs is running
@@ -174,9 +176,7 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 			timedOut = true // the budget is spent: Fallback applies
 			break
 		}
-		if hit != nil {
-			c.sig.lookup(key, OutcomeFollower)
-		}
+		c.sig.lookup(key, OutcomeFollower) // waited for this process's Fill, whatever its end
 		return hit, nil, err
 	}
 	f := &flight{key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx}
@@ -321,6 +321,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		err := fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(val), fl.c.cfg.MaxValueBytes)
 		fl.once.Do(func() {
 			fl.unregister()
+			fl.countLoad(fmt.Errorf("%w: %w", ErrNotShared, err))
 			cur := fl.unleasedCurrency()
 			if fl.lease != nil {
 				fl.lease.finish()
@@ -343,11 +344,10 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		c := fl.c
 		delta := time.Since(fl.start)
 		env := c.newEnvelope(0, val, c.jitter(ttl), max(staleFor, 0), delta)
-		c.sig.load(fl.f.key, delta, nil, fl.lease != nil)
+		fl.countLoad(nil)
 		cur := fl.unleasedCurrency()
 		if fl.lease != nil {
 			fl.lease.finish()
-			c.stats.loads.Add(1)
 			c.observeLoad(fl.f, fl.lease.token, delta, nil)
 			env.fence = fl.lease.token
 			cur = c.commit(fl.f, fl.lease, env, fl.start, fl.writes, fl.tagging())
@@ -379,9 +379,8 @@ func (fl *Fill) Abort(cause error) {
 			kind = failPanic
 		}
 		err := cause
-		c.sig.load(fl.f.key, time.Since(fl.start), cause, fl.lease != nil)
+		fl.countLoad(cause)
 		if kind != failNotShared {
-			c.stats.loadErrors.Add(1)
 			err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, fl.f.key, cause)
 		}
 		if fl.lease != nil && errors.Is(cause, ErrClosed) {
@@ -394,6 +393,75 @@ func (fl *Fill) Abort(cause error) {
 		}
 		fl.resolve(nil, err, currency{})
 	})
+}
+
+// Pass ends the Fill as Abort does with a cause wrapping [ErrNotShared]
+// (the waiting callers, in every process, build the value themselves),
+// and leaves a pass mark on the key for ttl: until it expires, or a Set or
+// Invalidate of the key replaces it, every [Cache.Begin] of the key
+// returns at once, with an error wrapping ErrNotShared and [ErrPass],
+// without taking the lease or waiting for anyone. Use it when the value
+// will not be shareable next time either (the HTTP middleware's
+// hit-for-miss): callers then build their own values side by side
+// instead of queueing behind each other's rebuilds. The mark is written
+// like a value (fenced by a newer lease, Set or Invalidate) and costs a
+// lookup what a hit costs, one GET; [Cache.Get] reads it as a miss. A nil
+// cause is ErrNotShared. An unleased Fill (see [Fill.Leased]) leaves no
+// mark. A ttl outside [1ms, 50 years] leaves none either and returns
+// [ErrInvalidTTL]. Calls after the first Commit, Abort, Handover or Pass
+// do nothing and return nil.
+func (fl *Fill) Pass(cause error, ttl time.Duration) error {
+	switch {
+	case cause == nil:
+		cause = ErrNotShared
+	case !errors.Is(cause, ErrNotShared):
+		cause = fmt.Errorf("%w: %w", ErrNotShared, cause)
+	}
+	if err := checkTTL(ttl); err != nil {
+		fl.Abort(cause)
+		return err
+	}
+	if fl.lease == nil {
+		fl.Abort(cause)
+		return nil
+	}
+	fl.once.Do(func() {
+		fl.unregister()
+		c := fl.c
+		fl.countLoad(cause)
+		fl.lease.finish()
+		why := cause.Error()
+		if len(why) > maxFailText {
+			why = why[:maxFailText]
+		}
+		// No Δ: a response that is not shared says nothing of how long a
+		// rebuild of the key takes.
+		env := c.newEnvelope(fl.lease.token, []byte(why), ttl, 0, 0)
+		env.pass = true
+		c.commit(fl.f, fl.lease, env, fl.start, fl.writes, tagging{}) // a mark carries no tags
+		fl.resolve(nil, cause, currency{})
+	})
+	return nil
+}
+
+// countLoad counts the Fill's end as one load (leased or local) with its
+// result: nil, a cause wrapping ErrNotShared (not shared, no failure),
+// ErrClosed (the process is shutting down, no failure) or a failure.
+func (fl *Fill) countLoad(cause error) {
+	c := fl.c
+	c.sig.load(fl.f.key, time.Since(fl.start), cause, fl.lease != nil)
+	if fl.lease != nil {
+		c.stats.loads.Add(1)
+	} else {
+		c.stats.localLoads.Add(1)
+	}
+	switch {
+	case cause == nil, errors.Is(cause, ErrClosed):
+	case errors.Is(cause, ErrNotShared):
+		c.stats.notShared.Add(1)
+	default:
+		c.stats.loadErrors.Add(1)
+	}
 }
 
 // unleasedCurrency is the currency of a value this Fill built that Redis

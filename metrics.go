@@ -18,12 +18,21 @@ import (
 // stay bounded. The adapter in github.com/herdkit/herd/prometheus turns
 // these into Prometheus metrics.
 type Observer struct {
-	// Lookup reports how each Get, Fetch or Begin call was served.
+	// Lookup reports how each Get, Fetch or Begin call was served, once
+	// per call (a Begin that waited on a failed rebuild and calls again
+	// looks up twice). Of the callers of one rebuild in a process, one
+	// reports OutcomeLeader and the others OutcomeFollower (for Get, the
+	// callers that shared the flight; for Begin, those that waited on the
+	// Fill, whatever its end), so that leaders match loads; [WithOutcome]
+	// still gives every Get caller the flight's outcome. A Begin that
+	// finds a pass mark ([Fill.Pass]) reports OutcomePass.
 	Lookup func(class string, outcome Outcome)
 
-	// Load reports one run of a loader (or one Fill): its duration, its
-	// error (nil on success, possibly ErrNotFound or a *PanicError) and
-	// whether it ran under the key's lease (false: fail-open or fallback).
+	// Load reports one run of a loader (or one Fill, however it ended
+	// but by Handover): its duration, its error (nil on success, possibly
+	// ErrNotFound, a *PanicError, or an error wrapping [ErrNotShared] for
+	// a value that was not for sharing, which is no failure) and whether
+	// it ran under the key's lease (false: fail-open or fallback).
 	Load func(class string, d time.Duration, err error, leased bool)
 
 	// Lease reports lease events: acquired (each lease won), contended

@@ -28,9 +28,10 @@ const (
 	OutcomeLeader                      // this process rebuilt the value
 	OutcomeFollower                    // waited for another process's rebuild
 	OutcomeFallback                    // loaded locally: wait budget spent, or Redis unreachable
+	OutcomePass                        // Begin found a pass mark (Fill.Pass): the caller builds its own value
 )
 
-var outcomeNames = [...]string{"unknown", "hit", "stale", "early-refresh", "negative", "leader", "follower", "fallback"}
+var outcomeNames = [...]string{"unknown", "hit", "stale", "early-refresh", "negative", "leader", "follower", "fallback", "pass"}
 
 // String returns the outcome's name, such as "early-refresh".
 func (o Outcome) String() string {

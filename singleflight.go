@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -98,6 +99,18 @@ type flightResult struct {
 	val     []byte
 	outcome Outcome
 	cur     currency
+	led     atomic.Bool // a caller has reported the flight's OutcomeLeader
+}
+
+// lookupOutcome is the outcome one caller of the flight reports to
+// Observer.Lookup: a rebuild's callers in this process report one leader
+// (the first to take the answer) and followers, so that leaders count
+// loads, not callers.
+func (r *flightResult) lookupOutcome(shared bool) Outcome {
+	if r.outcome == OutcomeLeader && shared && r.led.Swap(true) {
+		return OutcomeFollower
+	}
+	return r.outcome
 }
 
 // answers reports whether a flight's answer goes to a caller that joined
@@ -232,9 +245,24 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 	f.env = env
 	f.cur = currency{from: f.seen}
 	c.observeDelta(f, env.fence, env.delta)
-	if f.outcome == OutcomeFollower {
-		// A follower that finds the value while waiting stays a follower.
+	follower := f.outcome == OutcomeFollower
+	if follower {
+		// A follower that finds the value while waiting stays a follower,
+		// and its read is not a hit: it counts as a follow.
 		defer func() { f.outcome = OutcomeFollower }()
+	}
+	if env.pass {
+		// A pass mark (Fill.Pass) answers Begin; Get rebuilds over it.
+		if f.load != nil || !now.Before(env.softExp) {
+			return nil, nil, false
+		}
+		if follower {
+			// It waited on the rebuild that passed: told as its waiters are.
+			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload), true
+		}
+		f.outcome = OutcomePass
+		c.stats.passes.Add(1)
+		return nil, passError(f.key), true
 	}
 	switch {
 	case now.Before(env.softExp):
@@ -249,10 +277,14 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 			f.outcome = OutcomeHit
 		}
 		if env.negative {
-			c.stats.negativeHits.Add(1)
+			if !follower {
+				c.stats.negativeHits.Add(1)
+			}
 			return nil, ErrNotFound, true
 		}
-		c.stats.hits.Add(1)
+		if !follower {
+			c.stats.hits.Add(1)
+		}
 		return env.payload, nil, true
 	case now.Before(env.staleExp):
 		f.outcome = OutcomeStale
@@ -264,6 +296,11 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 		return env.payload, nil, true
 	}
 	return nil, nil, false
+}
+
+// passError is what Begin returns for a key that carries a pass mark.
+func passError(key string) error {
+	return fmt.Errorf("%w: %q: %w", ErrNotShared, key, ErrPass)
 }
 
 // leaseFor is the lease length for a rebuild of key.
@@ -319,7 +356,11 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 		kind = failPanic
 	}
 	if !notFound {
-		c.stats.loadErrors.Add(1)
+		if errors.Is(err, ErrNotShared) {
+			c.stats.notShared.Add(1) // a refresh whose value is not for sharing: no failure
+		} else {
+			c.stats.loadErrors.Add(1)
+		}
 		err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
 	}
 	msg := failMessage(kind, lease, err.Error())
@@ -554,11 +595,16 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 	switch nt.payload[0] {
 	case msgValue:
 		env, ok := decodeEnvelope([]byte(nt.payload[1:]))
-		if !ok || env.fence < f.floor {
+		if !ok || env.fence < f.floor || (env.pass && f.load != nil) {
 			// Unreadable, or an envelope older than the key's fence when
 			// this follower last looked (a message queued before a newer
-			// Set, Invalidate or lease): look at Redis instead.
+			// Set, Invalidate or lease), or a pass mark, which Get
+			// rebuilds over: look at Redis instead.
 			return nil, nil, false
+		}
+		if env.pass {
+			// The leader passed (Fill.Pass): build it yourself.
+			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload), true
 		}
 		f.env = env
 		f.cur = currency{from: f.heldAt}
@@ -631,7 +677,7 @@ func (c *Cache) fallback(f *flight, budget time.Duration) ([]byte, error) {
 		f.cur = currency{from: time.Now()}
 		b, err := c.readValue(c.ctx, f.keys.value)
 		if err == nil {
-			if env, ok := decodeEnvelope(b); ok {
+			if env, ok := decodeEnvelope(b); ok && !env.pass {
 				if env.negative {
 					return nil, ErrNotFound
 				}
@@ -698,7 +744,11 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 	case errors.Is(err, ErrNotFound):
 		return nil, ErrNotFound
 	case err != nil:
-		c.stats.loadErrors.Add(1)
+		if errors.Is(err, ErrNotShared) {
+			c.stats.notShared.Add(1) // as in lead: no failure
+		} else {
+			c.stats.loadErrors.Add(1)
+		}
 		return nil, fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
 	}
 	return val, nil

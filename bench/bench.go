@@ -26,10 +26,14 @@ type results struct {
 	Command  string         `json:"command"`
 	Started  time.Time      `json:"started"`
 	Elapsed  float64        `json:"elapsed_s"`
-	Redis    string         `json:"redis"`
+	Redis    string         `json:"redis"`      // which Redis, for the reports
+	RedisSrc string         `json:"redis_kind"` // started, embedded, redis or cluster
+	RedisVer string         `json:"redis_version,omitempty"`
 	Host     string         `json:"host"`
 	Settings settings       `json:"settings"`
 	Phases   []*phaseResult `json:"phases"`
+
+	redisPid int // the redis-server this run started (and stopped); 0 for none
 }
 
 type settings struct {
@@ -152,7 +156,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (*results, 
 	prog := newProgress(stderr)
 	defer prog.done()
 
-	rs, err := startRedis(ctx, cfg)
+	rs, err := startRedis(ctx, cfg, stderr)
 	if err != nil {
 		return nil, err
 	}
@@ -186,7 +190,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (*results, 
 	b := &bench{cfg: cfg, redis: rs, origin: org, fleet: fl, prog: prog, hic: hic, runID: hex.EncodeToString(id[:]),
 		steps: len(cfg.Scenarios) * len(cfg.Strategies)}
 	res := &results{
-		Command: cfg.Command, Started: started, Redis: rs.describe(ctx),
+		Command: cfg.Command, Started: started, Redis: rs.describe(), RedisSrc: rs.kind, RedisVer: rs.version,
 		Host: fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
 		Settings: settings{
 			Procs: cfg.Procs, Callers: cfg.Callers, Waves: cfg.Waves, DurationS: cfg.Duration.Seconds(),
@@ -196,6 +200,9 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (*results, 
 			LockPollMs: ms(lockPoll), HerdPollMs: ms(herdPollEvery), originMeanMs: ms(cfg.lat.mean()),
 			Scenarios: cfg.Scenarios, Strategies: cfg.Strategies,
 		},
+	}
+	if rs.srv != nil {
+		res.redisPid = rs.srv.pid
 	}
 	for _, sc := range cfg.Scenarios {
 		for _, st := range cfg.Strategies {

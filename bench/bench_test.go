@@ -15,11 +15,19 @@ import (
 	"time"
 )
 
+// testMainEnv makes the test binary run main, the bench command (see
+// TestMain).
+const testMainEnv = "HERD_BENCH_TEST_MAIN"
+
 // The test binary doubles as the worker: run() re-runs its own executable
-// with the worker role in the environment.
+// with the worker role in the environment. With testMainEnv set it is the
+// bench command itself (main), for tests that signal a whole run.
 func TestMain(m *testing.M) {
 	if os.Getenv(roleEnv) == roleWorker {
 		os.Exit(workerMain(os.Stdin, os.Stdout))
+	}
+	if os.Getenv(testMainEnv) == "1" {
+		main() // exits
 	}
 	os.Exit(m.Run())
 }
@@ -73,13 +81,15 @@ func phaseOf(t *testing.T, res *results, sc, st string) *phaseResult {
 }
 
 // TestQuick runs the quick mode end to end, as CI's smoke test: separate
-// processes, one shared (embedded) Redis, the origin over HTTP. In every
+// processes, one shared Redis (the redis-server the run starts, when one
+// is on $PATH), the origin over HTTP. In every
 // cold wave the herd strategies call the origin exactly once across all
 // processes, and the unprotected strategy more than once.
 func TestQuick(t *testing.T) {
 	dir := t.TempDir()
 	jsonPath, svgPath, mdPath := filepath.Join(dir, "r.json"), filepath.Join(dir, "r.svg"), filepath.Join(dir, "r.md")
 	res, out := runBench(t, "-quick", "-p", "2", "-c", "8", "-json", jsonPath, "-svg", svgPath, "-md", mdPath)
+	checkDefaultRedis(t, res)
 
 	if got, want := len(res.Phases), 2*len(allStrategies); got != want {
 		t.Fatalf("%d phases, want %d (cold and steady × every strategy)", got, want)
@@ -254,7 +264,7 @@ func TestFlags(t *testing.T) {
 	}
 	for _, bad := range [][]string{
 		{"-scenarios", "warm"}, {"-strategies", "memcache"}, {"-ttl", "500ms"}, {"-redis", "a:1", "-cluster", "b:1"},
-		{"-p", "0"}, {"-zipf", "1"}, {"extra"},
+		{"-p", "0"}, {"-zipf", "1"}, {"extra"}, {"-embedded", "-redis", "a:1"}, {"-embedded", "-cluster", "a:1,b:1"},
 	} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("%q: no error", bad)

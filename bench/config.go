@@ -58,6 +58,7 @@ type config struct {
 	MDPath                string
 	RedisAddr             string
 	ClusterAddrs          []string
+	Embedded              bool // miniredis even when redis-server is on $PATH
 
 	Keys       int           // steady/failure key-space size
 	Zipf       float64       // Zipf exponent s (> 1)
@@ -89,8 +90,9 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	fs.StringVar(&c.JSONPath, "json", "", "write the results as JSON to `file`")
 	fs.StringVar(&c.SVGPath, "svg", "", "write a chart to `file` (SVG)")
 	fs.StringVar(&c.MDPath, "md", "", "write the table and the command as Markdown to `file`")
-	fs.StringVar(&c.RedisAddr, "redis", "", "use the Redis server at `addr` instead of the embedded one")
+	fs.StringVar(&c.RedisAddr, "redis", "", "use the Redis server at `addr` (by default the bench starts a redis-server from $PATH on a free loopback port, or falls back to the embedded miniredis)")
 	fs.StringVar(&cluster, "cluster", "", "use the Redis Cluster at `addr,addr,...`")
+	fs.BoolVar(&c.Embedded, "embedded", false, "use the embedded miniredis even when redis-server is on $PATH (Lua scripts run one at a time there: latencies are not representative)")
 	fs.IntVar(&c.Keys, "keys", 1000, "keys in the steady and failure scenarios (Zipf-distributed)")
 	fs.Float64Var(&c.Zipf, "zipf", 1.1, "Zipf exponent s (> 1) of the key popularity")
 	fs.DurationVar(&c.TTL, "ttl", time.Second, "value TTL (at least 1s: go-redis/cache turns a shorter one into an hour)")
@@ -144,6 +146,8 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	switch {
 	case c.RedisAddr != "" && len(c.ClusterAddrs) > 0:
 		return nil, errors.New("-redis and -cluster are exclusive")
+	case c.Embedded && (c.RedisAddr != "" || len(c.ClusterAddrs) > 0):
+		return nil, errors.New("-embedded excludes -redis and -cluster")
 	case c.Procs < 1 || c.Procs > 64:
 		return nil, fmt.Errorf("-p %d: want 1..64", c.Procs)
 	case c.Callers < 1 || c.Callers > 4096:

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -125,24 +128,71 @@ func (c *counter) errorKinds() map[string]int64 {
 	return out
 }
 
+// Where the Redis under test comes from: the kind field of redisEnv and
+// results.
+const (
+	redisStarted  = "started"  // a redis-server from $PATH, started and stopped by this run
+	redisEmbedded = "embedded" // miniredis, served by the parent process
+	redisGiven    = "redis"    // the server named by -redis
+	redisCluster  = "cluster"  // the cluster named by -cluster
+)
+
+// miniredisDesc is how the reports name the embedded Redis.
+const miniredisDesc = "miniredis (embedded emulation: Lua is serialised, latencies are not representative)"
+
 // redisEnv is the parent's handle on the Redis under test.
 type redisEnv struct {
-	spec  redisSpec
-	admin redis.UniversalClient
-	mini  *miniredis.Miniredis
-	stop  chan struct{}
-	done  chan struct{}
+	kind    string // one of the redis* kinds above
+	version string // INFO server redis_version; "" for miniredis or when unknown
+	spec    redisSpec
+	admin   redis.UniversalClient
+	mini    *miniredis.Miniredis
+	srv     *ownServer // the redis-server this run started, or nil
+	stop    chan struct{}
+	done    chan struct{}
 }
 
-// startRedis starts the embedded Redis or connects to the given one.
-func startRedis(ctx context.Context, cfg *config) (*redisEnv, error) {
-	e := &redisEnv{}
+// redisSource decides where the Redis comes from: the server or cluster
+// the flags name; else miniredis when -embedded is set or no redis-server
+// is on $PATH; else a redis-server of our own.
+func redisSource(cfg *config) string {
 	switch {
 	case len(cfg.ClusterAddrs) > 0:
-		e.spec = redisSpec{Kind: "cluster", Addrs: cfg.ClusterAddrs}
+		return redisCluster
 	case cfg.RedisAddr != "":
+		return redisGiven
+	case cfg.Embedded:
+		return redisEmbedded
+	}
+	if !canStartServer {
+		return redisEmbedded
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return redisEmbedded
+	}
+	return redisStarted
+}
+
+// startRedis starts a redis-server or the embedded Redis, or connects to
+// the given one, as redisSource decides, and says on stderr which it
+// chose. A redis-server it starts listens on a free port on 127.0.0.1,
+// keeps nothing on disk, and is stopped by close; it is killed with its
+// parent (Linux) if this process dies without closing.
+func startRedis(ctx context.Context, cfg *config, stderr io.Writer) (*redisEnv, error) {
+	e := &redisEnv{kind: redisSource(cfg)}
+	switch e.kind {
+	case redisCluster:
+		e.spec = redisSpec{Kind: "cluster", Addrs: cfg.ClusterAddrs}
+	case redisGiven:
 		e.spec = redisSpec{Kind: "redis", Addrs: []string{cfg.RedisAddr}}
-	default:
+	case redisStarted:
+		s, err := startServer()
+		if err != nil {
+			return nil, fmt.Errorf("%w (pass -embedded to use the embedded miniredis instead)", err)
+		}
+		e.srv = s
+		e.spec = redisSpec{Kind: "redis", Addrs: []string{s.addr}}
+	case redisEmbedded:
 		m := miniredis.NewMiniRedis()
 		if err := m.StartAddr("127.0.0.1:0"); err != nil {
 			return nil, fmt.Errorf("embedded redis: %w", err)
@@ -159,6 +209,26 @@ func startRedis(ctx context.Context, cfg *config) (*redisEnv, error) {
 	if err := e.admin.Ping(pctx).Err(); err != nil {
 		e.close()
 		return nil, fmt.Errorf("redis %v: %w", e.spec.Addrs, err)
+	}
+	if e.mini == nil {
+		if info, err := e.admin.Info(pctx, "server").Result(); err == nil {
+			e.version = infoField(info, "redis_version")
+		}
+	}
+	switch e.kind {
+	case redisStarted:
+		fmt.Fprintf(stderr, "bench: started redis-server %s on %s (pid %d); it is stopped when the run ends\n",
+			e.version, e.srv.addr, e.srv.pid)
+	case redisEmbedded:
+		why := "no redis-server on $PATH"
+		switch {
+		case cfg.Embedded:
+			why = "-embedded"
+		case !canStartServer:
+			why = "the bench cannot start a redis-server on " + runtime.GOOS
+		}
+		fmt.Fprintf(stderr, "bench: %s: using the embedded miniredis, whose latencies are not representative"+
+			" (Lua scripts run one at a time); install redis-server or pass -redis ADDR for real figures\n", why)
 	}
 	return e, nil
 }
@@ -180,6 +250,9 @@ func (e *redisEnv) clock() {
 	}
 }
 
+// close closes the admin client, stops the embedded Redis, and stops the
+// redis-server this run started (SIGTERM to its pid, SIGKILL after 5 s)
+// and removes its directory.
 func (e *redisEnv) close() {
 	if e.admin != nil {
 		_ = e.admin.Close()
@@ -189,18 +262,23 @@ func (e *redisEnv) close() {
 		<-e.done
 		e.mini.Close()
 	}
+	if e.srv != nil {
+		e.srv.stop()
+	}
 }
 
 // describe names the Redis for the reports.
-func (e *redisEnv) describe(ctx context.Context) string {
-	if e.mini != nil {
-		return "embedded miniredis (loopback)"
-	}
+func (e *redisEnv) describe() string {
 	v := ""
-	if info, err := e.admin.Info(ctx, "server").Result(); err == nil {
-		v = " " + infoField(info, "redis_version")
+	if e.version != "" {
+		v = " " + e.version
 	}
-	if e.spec.Kind == "cluster" {
+	switch e.kind {
+	case redisEmbedded:
+		return miniredisDesc
+	case redisStarted:
+		return fmt.Sprintf("redis-server%s (started for this run on %s)", v, e.spec.Addrs[0])
+	case redisCluster:
 		return fmt.Sprintf("redis cluster%s at %s", v, strings.Join(e.spec.Addrs, ","))
 	}
 	return fmt.Sprintf("redis-server%s at %s", v, e.spec.Addrs[0])
@@ -250,12 +328,16 @@ func infoField(info, name string) string {
 	return ""
 }
 
-// cleanup deletes a phase's keys: everything in the embedded Redis, and
-// only the keys under the phase's prefix in a server of the user's.
+// cleanup deletes a phase's keys: everything in the embedded Redis or in
+// the redis-server this run started, and only the keys under the phase's
+// prefix in a server of the user's.
 func (e *redisEnv) cleanup(ctx context.Context, prefix string) error {
-	if e.mini != nil {
+	switch e.kind {
+	case redisEmbedded:
 		e.mini.FlushAll()
 		return nil
+	case redisStarted:
+		return e.admin.FlushAll(ctx).Err()
 	}
 	del := func(ctx context.Context, c *redis.Client) error {
 		iter := c.Scan(ctx, 0, prefix+":*", 1000).Iterator()

@@ -139,9 +139,10 @@ func legend(res *results) string {
 	fmt.Fprintf(&b, " latencies are per request; follower +: latency beyond the origin call the request waited for;")
 	fmt.Fprintf(&b, " redis cmd/req: commands sent (go-redis hook, pub/sub frames excluded); server cmd/req: commands the server processed.")
 	fmt.Fprintf(&b, "\nherd-poll: herd with pub/sub unavailable to it (SUBSCRIBE fails), PollMin = PollMax = %v. Total %.0fs.", herdPollEvery, res.Elapsed)
-	if strings.HasPrefix(res.Redis, "embedded") {
+	if res.RedisSrc == redisEmbedded {
 		fmt.Fprintf(&b, "\nEmbedded Redis: miniredis runs each Lua script (herd's and redislock's) in an interpreter under its one global lock,"+
-			" so script-heavy strategies slow every command of the run; compare latencies on a real redis-server (-redis).")
+			" so script-heavy strategies slow every command of the run; compare latencies on a real redis-server"+
+			" (put redis-server on $PATH and drop -embedded, or pass -redis).")
 	}
 	return b.String()
 }

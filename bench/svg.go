@@ -61,8 +61,13 @@ func renderSVG(res *results) string {
 		width, height, width, height)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="#ffffff"/>`+"\n", width, height)
 	text(20, 28, "start", `font-size="18" font-weight="bold"`, "Cache stampede: who calls the origin, and what it costs")
-	text(20, 48, "start", `fill="#555"`, fmt.Sprintf("%d processes × %d callers, origin latency %s, %s. Blue: herd; warm colours: the alternatives.",
-		res.Settings.Procs, res.Settings.Callers, res.Settings.OriginLatency, res.Redis))
+	text(20, 46, "start", `fill="#555"`, fmt.Sprintf("%d processes × %d callers, origin latency %s. Blue: herd; warm colours: the alternatives.",
+		res.Settings.Procs, res.Settings.Callers, res.Settings.OriginLatency))
+	redisStyle := `fill="#555"`
+	if res.RedisSrc == redisEmbedded {
+		redisStyle = `fill="#b3261e"` // not a real server: say so where it is seen
+	}
+	text(20, 62, "start", redisStyle, "Redis: "+res.Redis)
 
 	// Panel A: origin calls per rebuild, log scale.
 	scA := scCold

@@ -208,3 +208,179 @@ func BenchmarkKey(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCompress compares, in-process, storing a typical page as the
+// handler wrote it (raw) with Options.Compress (gzip at the default
+// level 6, and at level 1): for a 32 KiB HTML
+// page and a 24 KiB JSON document, the bytes of its value in Redis
+// (stored-bytes, STRLEN of the value key), a hit served to a gzip client
+// and to an identity client (which Compress decodes on every hit), and a
+// miss (a fresh URL per iteration: the lookup, the handler, the
+// compression and the commit).
+func BenchmarkCompress(b *testing.B) {
+	c, rdb := newCache(b, nil)
+	docs := []struct{ name, contentType, body string }{
+		{"html-32KiB", "text/html; charset=utf-8", testPage(32 << 10)},
+		{"json-24KiB", "application/json", testJSON(24 << 10)},
+	}
+	for _, doc := range docs {
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", doc.contentType)
+			_, _ = io.WriteString(w, doc.body)
+		})
+		for _, mode := range []struct {
+			name string
+			opt  *Options
+		}{
+			{"raw", &Options{TTL: time.Hour}},
+			{"gzip", &Options{TTL: time.Hour, Compress: true}},
+			{"gzip-level1", &Options{TTL: time.Hour, Compress: true, CompressLevel: 1}},
+		} {
+			mw := New(c, mode.opt)(h)
+			target := "/bench/" + doc.name + "/" + mode.name
+			request := func(target, ae string) *http.Request {
+				r := httptest.NewRequest(http.MethodGet, target, nil)
+				r.Host = "catalog.example"
+				if ae != "" {
+					r.Header.Set("Accept-Encoding", ae)
+				}
+				return r
+			}
+			rec := httptest.NewRecorder()
+			mw.ServeHTTP(rec, request(target, ""))
+			if cs := rec.Result().Header.Get("Cache-Status"); cs != statusStored {
+				b.Fatalf("%s: first request: Cache-Status %q, want %q", target, cs, statusStored)
+			}
+			k := &handler{cfg: mode.opt.resolve()}
+			key, _ := k.key(request(target, ""))
+			stored, err := rdb.StrLen(context.Background(), secRedisKey(key, "v")).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, client := range []struct{ name, ae string }{{"gzip-client", "gzip, deflate, br"}, {"identity-client", ""}} {
+				b.Run(doc.name+"/"+mode.name+"/hit-"+client.name, func(b *testing.B) {
+					req := request(target, client.ae)
+					rec := httptest.NewRecorder()
+					mw.ServeHTTP(rec, req)
+					if cs := rec.Result().Header.Get("Cache-Status"); !strings.HasPrefix(cs, statusHit) {
+						b.Fatalf("Cache-Status %q, want a hit", cs)
+					}
+					b.ReportAllocs()
+					for b.Loop() {
+						rec := httptest.NewRecorder()
+						mw.ServeHTTP(rec, req)
+					}
+					b.ReportMetric(float64(stored), "stored-bytes")
+					b.ReportMetric(float64(rec.Body.Len()), "sent-bytes")
+				})
+			}
+			b.Run(doc.name+"/"+mode.name+"/miss", func(b *testing.B) {
+				run := strconv.FormatInt(time.Now().UnixNano(), 36) // a cold URL on every run
+				b.ReportAllocs()
+				i := 0
+				for b.Loop() {
+					i++
+					rec := httptest.NewRecorder()
+					mw.ServeHTTP(rec, request(target+"?run="+run+"&miss="+strconv.Itoa(i), ""))
+					if cs := rec.Result().Header.Get("Cache-Status"); cs != statusStored {
+						b.Fatalf("Cache-Status %q, want %q", cs, statusStored)
+					}
+				}
+			})
+		}
+	}
+}
+
+// testJSON is an API response of about size bytes: an array of product
+// records.
+func testJSON(size int) string {
+	var b strings.Builder
+	b.WriteString(`{"items":[`)
+	for i := 0; b.Len() < size; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, `{"id":%d,"sku":"W-%05d","name":"Widget %d","price":{"amount":%d.%02d,"currency":"EUR"},"stock":%d,"tags":["blue","small"],"updated":"2025-06-%02dT10:%02d:00Z"}`,
+			1000+i, (i*7919)%100000, i, 5+(i*37)%400, (i*13)%100, (i*17)%250, 1+i%28, i%60)
+	}
+	b.WriteString(`],"next":null}`)
+	return b.String()
+}
+
+// BenchmarkHitForMiss sends waves of 100 concurrent requests to a route
+// that sets a cookie (its responses are never shared) with a handler of
+// fixed duration, to the bare handler and behind the middleware with
+// hit-for-miss off and on. Each iteration is one wave. It reports the
+// median request latency, and its ratio to the bare handler's median
+// measured in the same run (p50/bare): without the mark a wave's requests
+// wait for a leader whose response they cannot take, then run the handler
+// themselves (about 2x); with it they run at once (about 1x).
+func BenchmarkHitForMiss(b *testing.B) {
+	const (
+		work = 90 * time.Millisecond // the handler of the trial this reproduces
+		wave = 100
+	)
+	c, _ := newCache(b, nil)
+	cookie := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(work)
+		http.SetCookie(w, &http.Cookie{Name: "session", Value: "s"})
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(benchBody)
+	})
+	tr := &http.Transport{MaxIdleConnsPerHost: 2 * wave}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	// send runs one wave and returns its latencies.
+	send := func(b *testing.B, url string) []time.Duration {
+		lat := make([]time.Duration, wave)
+		var wg sync.WaitGroup
+		for i := range lat {
+			wg.Go(func() {
+				t0 := time.Now()
+				res, err := client.Get(url)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				lat[i] = time.Since(t0)
+			})
+		}
+		wg.Wait()
+		return lat
+	}
+	p50 := func(lat []time.Duration) time.Duration {
+		slices.Sort(lat)
+		return lat[len(lat)/2]
+	}
+	servers := map[string]*httptest.Server{}
+	for name, h := range map[string]http.Handler{
+		"bare":         cookie,
+		"hit-for-miss": New(c, &Options{HitForMiss: time.Minute})(cookie),
+		"off":          New(c, &Options{HitForMiss: -1})(cookie),
+	} {
+		servers[name] = httptest.NewServer(h)
+		defer servers[name].Close()
+	}
+	url := func(name string) string { return servers[name].URL + "/account" }
+	for name := range servers {
+		send(b, url(name)) // connections open; the hit-for-miss route is marked
+	}
+	var base []time.Duration
+	for range 3 {
+		base = append(base, send(b, url("bare"))...)
+	}
+	bare := p50(base)
+	for _, name := range []string{"bare", "off", "hit-for-miss"} {
+		b.Run(name, func(b *testing.B) {
+			var lat []time.Duration
+			for b.Loop() {
+				lat = append(lat, send(b, url(name))...)
+			}
+			m := p50(lat)
+			b.ReportMetric(float64(m)/float64(time.Millisecond), "p50-ms")
+			b.ReportMetric(float64(m)/float64(bare), "p50/bare")
+		})
+	}
+}

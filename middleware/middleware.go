@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
@@ -50,17 +51,46 @@ type Options struct {
 	NotFoundTTL time.Duration
 
 	// KeyFunc, if set, replaces the default key (scheme, host, path,
-	// canonical query, KeyHeaders and forwarding headers); returning ok
-	// false bypasses the cache for the request. The key must include
-	// everything the response depends on. It is still prefixed with the
-	// Scope.
+	// canonical query, KeyHeaders, KeyCookies and forwarding headers);
+	// returning ok false bypasses the cache for the request. The key must
+	// include everything the response depends on. It is still prefixed
+	// with the Scope.
 	KeyFunc func(r *http.Request) (key string, ok bool)
 
 	// KeyHeaders are request headers that become part of the key, for
 	// handlers whose response depends on them (Accept-Language, say).
 	// Listing Authorization or Cookie here makes credentialed requests
-	// cacheable per credential.
+	// cacheable per credential. To key on some cookies only, use
+	// KeyCookies instead. Listing Accept-Encoding keys its bucket, not
+	// its value (see the Compression section of the package doc).
 	KeyHeaders []string
+
+	// KeyCookies names the request cookies (case-sensitive names) that
+	// are part of the key: a request's other cookies are then neither
+	// keyed nor credentials, so requests that differ only in them (_ga,
+	// consent, ...) share an entry, while each value of a listed cookie
+	// gets its own. The handler still gets the whole request, every cookie
+	// included; it must not read a cookie that is not listed. A listed
+	// cookie that is absent, present with an empty value, or repeated
+	// (every value is keyed, in order) makes a key of its own, and so
+	// does a cookie whose name a lenient parser could read as a listed
+	// one (Lang, %6Cang, "lang =" for lang). Authorization and the other
+	// credentials still bypass (see AllowAuthorized). A response that
+	// says Vary: Cookie is not stored (the key holds the listed cookies,
+	// not the Cookie header). See "Cookies" in the package documentation.
+	// New panics on a name that is not a token, and when IgnoreCookies,
+	// KeyFunc or a KeyHeaders entry Cookie is set too. Default: none.
+	KeyCookies []string
+
+	// IgnoreCookies makes a request's cookies neither part of the key nor
+	// credentials: requests that differ only in their cookies share an
+	// entry. Set it only on routes whose handlers, and the middlewares
+	// between herd and them, read no cookie: the first requester's
+	// response is everyone's. A response that sets a cookie, is private
+	// or no-store, or says Vary: Cookie is still never stored. New panics
+	// when KeyCookies or a KeyHeaders entry Cookie is set too. It may be
+	// used with KeyFunc. Default: false.
+	IgnoreCookies bool
 
 	// MaxBodyBytes is the largest body stored. A larger response streams
 	// to its own client, uncached, and the requests waiting for it run the
@@ -84,7 +114,10 @@ type Options struct {
 	// X-Forwarded-User or X-Forwarded-Client-Cert) use the cache. A response to a request with
 	// credentials that are not part of the key is then stored only if it
 	// says public, s-maxage or must-revalidate (RFC 9111 §3.5), and, like
-	// every response, not if its s-maxage or max-age is 0.
+	// every response, not if its s-maxage or max-age is 0. Under
+	// KeyCookies or IgnoreCookies the Cookie header is not a credential,
+	// with or without AllowAuthorized: the options say which cookies the
+	// responses depend on.
 	AllowAuthorized bool
 
 	// WaitTimeout bounds how long a request waits for another request's
@@ -117,9 +150,9 @@ type Options struct {
 	// not read them on a cached route.
 	IgnoreForwardedHeaders bool
 
-	// MaxKeyBytes bounds a request's key: a request whose target, host
-	// and keyed headers add up to more bypasses the cache (reason
-	// [BypassKeyTooLarge]), checked on the target's length before any
+	// MaxKeyBytes bounds a request's key: a request whose target, host,
+	// keyed headers and keyed cookies add up to more bypasses the cache
+	// (reason [BypassKeyTooLarge]), checked on the target's length before any
 	// work on its query. It bounds the memory each key holds in this
 	// process (the local fill registry, the lease calibration) and the
 	// work done per request. It also applies to KeyFunc's keys. Default:
@@ -127,11 +160,36 @@ type Options struct {
 	MaxKeyBytes int
 
 	// OnBypass, if set, is called for each request that bypasses the
-	// cache before any lookup, with the reason (one of the Bypass
-	// constants): count them to see what the cache does not serve, and
-	// the attacks that try to blow up its bounds. It is called in the
-	// request's goroutine and must be fast.
+	// cache before any lookup, and for each request served directly
+	// because a lookup found its URL's hit-for-miss mark, with the reason
+	// (one of the Bypass constants): count them to see what the cache
+	// does not serve, and the attacks that try to blow up its bounds
+	// (github.com/herdkit/herd/prometheus has NewBypassCounter for it).
+	// It is called in the request's goroutine and must be fast.
 	OnBypass func(r *http.Request, reason string)
+
+	// HitForMiss is how long a URL whose response could not be shared
+	// (see the package documentation) is remembered as such, in Redis,
+	// for every instance: until then its requests run the handler at
+	// once, side by side, instead of waiting for each other's responses
+	// (Cache-Status "herd; fwd=bypass; detail=hit-for-miss", OnBypass
+	// reason [BypassHitForMiss]). Default: 5s. Negative: off (every
+	// request for the URL leads a rebuild, and the requests that arrive
+	// meanwhile wait for it). At most 1h; below 1ms (but not negative)
+	// New panics.
+	HitForMiss time.Duration
+
+	// Class, if set, names a request's route for metrics: it becomes
+	// part of the key, and [KeyClass], set as the Cache's
+	// herd.Options.KeyClass, reads it back, so that herd's metrics (and
+	// its lease calibration) are per route ("/products/{id}") instead of
+	// one class for every page. [RoutePattern] is the usual choice. It
+	// must return few distinct values (a route, not a URL: herd's
+	// Prometheus adapter reports classes beyond its MaxClasses as
+	// "other"), and the same for a GET and a HEAD of a URL (a HEAD is
+	// served from the GET entry of the same key). Classes are cut to 128
+	// bytes; "" is no class. Default: none (keys without a class).
+	Class func(r *http.Request) string
 
 	// Scope is the key namespace of this middleware: two requests share
 	// an entry only if their scopes are equal. Two handlers that answer
@@ -157,6 +215,27 @@ type Options struct {
 	// Default: silent.
 	Logger *slog.Logger
 
+	// Compress stores the responses worth it gzip-coded: a body of
+	// CompressMinBytes or more, of a text type (text/*, JSON, JavaScript,
+	// XML, SVG, ...), without Cache-Control: no-transform, that gzip
+	// shrinks by an eighth at least. A client that accepts gzip gets the
+	// stored bytes, any other the decoded body, each representation with
+	// an ETag of its own; one entry serves both. It may not be set with
+	// Accept-Encoding in KeyHeaders. See the Compression section of the
+	// package doc. Default: off (bodies are stored as the handler coded
+	// them).
+	Compress bool
+
+	// CompressMinBytes is the smallest body Compress compresses.
+	// Default: 1 KiB.
+	CompressMinBytes int
+
+	// CompressLevel is the gzip level of Compress, from 1 (fastest) to 9
+	// (smallest). An entry is compressed once and served many times:
+	// the default favours size. BenchmarkCompress has the trade-off on a
+	// 32 KiB page. Default: 6 (what gzip.DefaultCompression stands for).
+	CompressLevel int
+
 	// KeepTagHeaders keeps Surrogate-Key and Cache-Tag, the fields a
 	// handler tags its response with (see [InvalidateTag]), in the
 	// responses sent to clients and in the stored entries, for a CDN in
@@ -172,17 +251,23 @@ const (
 	BypassMethodOverride = "method_override" // X-HTTP-Method-Override and the like
 	BypassBody           = "body"            // a request body, whatever the protocol
 	BypassRange          = "range"           // a Range header
-	BypassCredentials    = "credentials"     // Authorization, Cookie, an identity header or a TLS client certificate outside the key
+	BypassCredentials    = "credentials"     // Authorization, Cookie (unless KeyCookies or IgnoreCookies), an identity header or a TLS client certificate outside the key
 	BypassKeyFunc        = "keyfunc"         // KeyFunc said no
 	BypassKeyTooLarge    = "key_too_large"   // the key would exceed MaxKeyBytes
 	BypassUpgrade        = "upgrade"         // Upgrade (WebSocket, h2c) or Connection: upgrade
+	BypassNoStore        = "no_store"        // Cache-Control: no-store in the request (RFC 9111 §5.2.1.5)
+	BypassHitForMiss     = "hit_for_miss"    // a lookup found the URL's hit-for-miss mark (see Options.HitForMiss)
 )
 
 type config struct {
 	Options
-	keyHeaders  []string // canonical
-	authKeyed   bool     // Authorization is part of the key
-	cookieKeyed bool     // Cookie is part of the key
+	keyHeaders    []string // canonical, without Accept-Encoding
+	encodingKeyed bool     // Accept-Encoding is in KeyHeaders: the key holds its bucket
+	authKeyed     bool     // Authorization is part of the key
+	cookieKeyed   bool     // Cookie is part of the key
+
+	cookiesDeclared bool     // KeyCookies or IgnoreCookies: the Cookie header is no credential
+	keyCookieFolds  []string // KeyCookies' cookieFold, sorted; nil without KeyCookies
 }
 
 func (o *Options) resolve() config {
@@ -216,6 +301,18 @@ func (o *Options) resolve() config {
 	if c.MaxKeyBytes == 0 {
 		c.MaxKeyBytes = 8 << 10
 	}
+	if c.CompressMinBytes < 0 {
+		panic(fmt.Sprintf("herd/middleware: Options.CompressMinBytes is negative (%d)", c.CompressMinBytes))
+	}
+	if c.CompressMinBytes == 0 {
+		c.CompressMinBytes = defaultCompressMinBytes
+	}
+	if c.CompressLevel < 0 || c.CompressLevel > gzip.BestCompression {
+		panic(fmt.Sprintf("herd/middleware: Options.CompressLevel %d is not a gzip level (1 to 9)", c.CompressLevel))
+	}
+	if c.CompressLevel == 0 {
+		c.CompressLevel = 6 // gzip.DefaultCompression is -1
+	}
 	if len(c.Scope) > 256 {
 		panic(fmt.Sprintf("herd/middleware: Options.Scope is %d bytes, above 256", len(c.Scope)))
 	}
@@ -233,11 +330,18 @@ func (o *Options) resolve() config {
 	if c.ErrorHandler == nil {
 		c.ErrorHandler = defaultErrorHandler
 	}
+	c.HitForMiss = resolveHitForMiss(c.HitForMiss)
 	for _, h := range c.KeyHeaders {
 		if h == "" || strings.ContainsAny(h, " :\r\n") {
 			panic(fmt.Sprintf("herd/middleware: invalid KeyHeaders entry %q", h))
 		}
 		ch := textproto.CanonicalMIMEHeaderKey(h)
+		if ch == "Accept-Encoding" {
+			// The key holds its bucket (encoding.go), never the raw field;
+			// with KeyFunc, KeyHeaders are not part of the key.
+			c.encodingKeyed = c.KeyFunc == nil
+			continue
+		}
 		c.keyHeaders = append(c.keyHeaders, ch)
 		// With KeyFunc, KeyHeaders are not part of the key.
 		c.authKeyed = c.authKeyed || (ch == "Authorization" && c.KeyFunc == nil)
@@ -245,6 +349,10 @@ func (o *Options) resolve() config {
 	}
 	slices.Sort(c.keyHeaders)
 	c.keyHeaders = slices.Compact(c.keyHeaders)
+	c.resolveCookies()
+	if c.Compress && c.encodingKeyed {
+		panic("herd/middleware: Options.Compress with Accept-Encoding in Options.KeyHeaders: Compress keeps one entry for all encodings, KeyHeaders one per encoding bucket")
+	}
 	return c
 }
 
@@ -271,6 +379,8 @@ type handler struct {
 	c    *herd.Cache
 	cfg  config
 	next http.Handler
+
+	replacing replacements // see replaceCorrupt
 }
 
 // errServerError is the cause of a leader's failure after which one
@@ -280,15 +390,13 @@ var errServerError = errors.New("herd/middleware: the handler answered with a se
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, why := h.keyOrBypass(r)
 	if why != "" {
-		if h.cfg.OnBypass != nil {
-			h.cfg.OnBypass(r, why)
-		}
-		w.Header().Set("Cache-Status", statusBypass)
-		h.next.ServeHTTP(w, r)
+		h.bypass(w, r, why, statusBypass)
 		return
 	}
+	key = h.classKey(r) + key
 	ctx := r.Context()
-	for attempt := 0; ; attempt++ {
+	retried, replaced := false, false
+	for {
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if h.cfg.WaitTimeout > 0 {
 			wctx, cancel = context.WithTimeout(ctx, h.cfg.WaitTimeout)
@@ -297,18 +405,37 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		cancel()
 		switch {
 		case hit != nil:
-			h.serveHit(w, r, hit)
+			e, err := h.hitEntry(r, hit)
+			if err == nil {
+				h.serveHit(w, r, hit, e)
+				return
+			}
+			if !replaced && h.replaceCorrupt(ctx, key, err) {
+				replaced = true
+				continue // look again: this request, or another, rebuilds it
+			}
+			// Not ours (another writer keeps writing the key) or not
+			// deleted: run the handler, uncached.
+			h.log(slog.LevelWarn, "herd/middleware: stored value is not a response; bypassing", "key", key, "err", err)
+			w.Header().Set("Cache-Status", statusBypass)
+			h.next.ServeHTTP(w, r)
 			return
 		case fill != nil:
 			h.lead(w, r, fill)
 			return
 		case ctx.Err() != nil:
 			return // the client went away
-		case errors.Is(err, herd.ErrLoadFailed) && attempt == 0:
+		case errors.Is(err, herd.ErrLoadFailed) && !retried:
+			retried = true
 			continue // the leader failed: one of the waiters leads now
 		case errors.Is(err, herd.ErrLoadFailed):
 			h.log(slog.LevelWarn, "herd/middleware: the response failed twice; answering with ErrorHandler", "key", key, "err", err)
 			h.cfg.ErrorHandler(w, r, err)
+			return
+		case errors.Is(err, herd.ErrPass):
+			// The URL's hit-for-miss mark: no response of it is shared
+			// now, so nobody waits for anybody.
+			h.bypass(w, r, BypassHitForMiss, statusHitForMiss)
 			return
 		default:
 			// Not shared, wait budget spent, Redis unavailable, a
@@ -349,6 +476,9 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	if isUpgrade(r) {
 		return "", BypassUpgrade
 	}
+	if requestNoStore(r) {
+		return "", BypassNoStore
+	}
 	rh := h.scanHeaders(r)
 	if !h.cfg.AllowAuthorized && h.unkeyedCredentials(r, rh) {
 		return "", BypassCredentials
@@ -366,28 +496,35 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 		b.WriteString("herd-http/custom2|")
 		writeField(&b, h.scope(r))
 		b.WriteString(k)
+		b.WriteString(h.encodingKey(r))
 		return b.String(), ""
 	}
 	if targetLen(r)+len(r.Host) > limit {
 		return "", BypassKeyTooLarge // before any work on the query
 	}
 	k := defaultKey(r, h.scope(r), h.cfg.keyHeaders)
+	if h.cfg.keyCookieFolds != nil {
+		k += cookieKey(r, h.cfg.keyCookieFolds)
+	}
 	if !h.cfg.IgnoreForwardedHeaders {
 		k += forwardedKey(r, rh.forwarding)
 	}
 	if len(k) > limit {
 		return "", BypassKeyTooLarge
 	}
-	return k, ""
+	return k + h.encodingKey(r), ""
 }
 
 // unkeyedCredentials reports whether r carries Authorization, Cookie or
 // an identity header (X-Forwarded-User, X-Forwarded-Client-Cert and the
 // like; see isIdentityHeader) that is not part of its key, or a TLS
-// client certificate (mTLS), which never is. rh is r's scanHeaders.
+// client certificate (mTLS), which never is. Under KeyCookies or
+// IgnoreCookies, Cookie is no credential: the listed cookies are keyed,
+// and the options say the others do not change a response.
+// Authorization still is. rh is r's scanHeaders.
 func (h *handler) unkeyedCredentials(r *http.Request, rh requestHeaders) bool {
 	return (!h.cfg.authKeyed && len(r.Header.Values("Authorization")) > 0) ||
-		(!h.cfg.cookieKeyed && len(r.Header.Values("Cookie")) > 0) ||
+		(!h.cfg.cookieKeyed && !h.cfg.cookiesDeclared && len(r.Header.Values("Cookie")) > 0) ||
 		rh.identity ||
 		(r.TLS != nil && len(r.TLS.PeerCertificates) > 0)
 }
@@ -433,16 +570,19 @@ func isUpgrade(r *http.Request) bool {
 	return false
 }
 
-// serveHit writes a stored response.
-func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit) {
+// hitEntry decodes a stored value into the representation r's client
+// gets (see variant). An error means the value is not a response this
+// middleware can serve (see replaceCorrupt).
+func (h *handler) hitEntry(r *http.Request, hit *herd.Hit) (*entry, error) {
 	e, err := decodeEntry(hit.Value)
 	if err != nil {
-		// Not ours (another writer under the same key): run the handler.
-		h.log(slog.LevelWarn, "herd/middleware: stored value is not a response; bypassing", "err", err)
-		w.Header().Set("Cache-Status", statusBypass)
-		h.next.ServeHTTP(w, r)
-		return
+		return nil, err
 	}
+	return h.variant(r, e, nil)
+}
+
+// serveHit writes e, the representation of a stored response for r.
+func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit, e *entry) {
 	status := statusHit
 	switch hit.Outcome {
 	case herd.OutcomeStale:
@@ -465,6 +605,18 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 	for name, vs := range e.header {
 		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) {
 			continue // never replayed, even from an entry stored before this rule
+		}
+		if name == "Vary" {
+			// Added to what an outer middleware set (CORS's Vary: Origin):
+			// the entry's Vary may be herd's own (compress.go).
+			merged := slices.Clone(dst[name]) // never appended in place
+			for _, v := range vs {
+				if !slices.Contains(merged, v) {
+					merged = append(merged, v)
+				}
+			}
+			dst[name] = merged
+			continue
 		}
 		dst[name] = slices.Clone(vs)
 	}
@@ -515,10 +667,11 @@ func withoutConditionals(r *http.Request) *http.Request {
 // lead runs the handler for a Fill and stores, shares or abandons its
 // response. A panic is re-raised after the Fill is aborted, so an outer
 // recoverer sees it. The handler gets the request as a GET without its
-// conditional header fields: the entry it builds is for everyone.
+// conditional header fields, with its bucket's Accept-Encoding
+// (handlerRequest): the entry it builds is for everyone.
 func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) {
 	head := r.Method == http.MethodHead
-	req := withoutConditionals(r)
+	req := h.handlerRequest(r)
 	before := snapshotHeader(w.Header())
 	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
 	cw.onPassthrough = func() {
@@ -526,7 +679,7 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 			stripTags(w.Header()) // before the header goes out
 		}
 		// Release the waiters now, not when a stream (maybe endless) ends.
-		fill.Abort(fmt.Errorf("%w: the response streamed, outgrew MaxBodyBytes or was hijacked", herd.ErrNotShared))
+		h.notShared(r, fill, "the response streamed, outgrew MaxBodyBytes or was hijacked", true)
 	}
 	done := false
 	defer func() {
@@ -555,9 +708,16 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 	e := &entry{status: cw.finalStatus(), header: storedHeader(w.Header(), before), body: cw.buf.Bytes()}
 	v := h.decide(r, e, w.Header(), before)
 	setStoredAge(e, v)
+	var p packed
+	if v.ttl > 0 || (v.shared && e.status < 500) {
+		var why string
+		if p, why = h.pack(e); why != "" {
+			v = verdict{why: why, mark: true} // the response's own encoding: the URL's
+		}
+	}
 	if v.ttl > 0 && fill.Leased() && len(tags) > 0 {
 		if err := fill.SetTags(tags...); err != nil {
-			v.ttl, v.why = 0, err.Error()
+			v = verdict{why: "its tags cannot be recorded: " + err.Error(), mark: true}
 		}
 	}
 	switch {
@@ -568,13 +728,13 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		fill.Handover()
 		return
 	case v.ttl > 0 && fill.Leased():
-		if headerGet(e.header, "Etag") == "" {
-			e.header.Set("Etag", etagOf(e.body))
-		}
-		if err := fill.Commit(e.encode(), v.ttl, v.staleFor); err != nil {
+		if err := fill.Commit(p.stored.encode(), v.ttl, v.staleFor); err != nil {
 			h.log(slog.LevelWarn, "herd/middleware: response not stored", "err", err)
 			h.write(w, r, e, statusMiss, 0)
 			return
+		}
+		if s, err := h.variant(r, p.stored, p.plain); err == nil {
+			e = s // what a hit would serve this client
 		}
 		h.write(w, r, e, statusStored, 0)
 		return
@@ -586,10 +746,10 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		} else if fill.Leased() {
 			fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, v.why))
 		} else {
-			_ = fill.Commit(e.encode(), max(v.ttl, time.Millisecond), 0) // local waiters only
+			_ = fill.Commit(p.stored.encode(), max(v.ttl, time.Millisecond), 0) // local waiters only
 		}
 	default:
-		fill.Abort(fmt.Errorf("%w: %s", herd.ErrNotShared, v.why))
+		h.notShared(r, fill, v.why, v.mark)
 	}
 	h.log(slog.LevelDebug, "herd/middleware: response not stored", "status", e.status, "reason", v.why)
 	h.write(w, r, e, statusMiss, 0)
@@ -601,6 +761,7 @@ type verdict struct {
 	staleFor time.Duration // how long it may be served stale after ttl
 	shared   bool          // the requests waiting for it may take it
 	why      string        // why it is not stored
+	mark     bool          // not stored for a reason of the URL's, not of this request's: hit-for-miss
 	age      time.Duration // the Age the handler gave it
 }
 
@@ -619,11 +780,11 @@ func setStoredAge(e *entry, v verdict) {
 // set for every response (CORS's Vary: Origin).
 func (h *handler) decide(r *http.Request, e *entry, full http.Header, before headerSnapshot) verdict {
 	if name := perUserField(full); name != "" {
-		return verdict{why: "sets " + name + ", which is per user"}
+		return verdict{why: "sets " + name + ", which is per user", mark: true}
 	}
 	cc := parseCacheControl(full)
 	if cc.has("private") || cc.has("no-store") || cc.has("no-cache") {
-		return verdict{why: "Cache-Control forbids a shared cache"}
+		return verdict{why: "Cache-Control forbids a shared cache", mark: true}
 	}
 	for _, v := range handlerValues(full, before, "Vary") {
 		for name := range strings.SplitSeq(v, ",") {
@@ -632,7 +793,7 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header, before hea
 				continue
 			}
 			if name == "*" || !h.keyed(name) {
-				return verdict{why: "varies on " + name + ", which is not part of the key"}
+				return verdict{why: "varies on " + name + ", which is not part of the key", mark: true}
 			}
 		}
 	}
@@ -650,7 +811,7 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header, before hea
 		// 0 or past, given twice with different values, or an Age past
 		// it. It could only be served after a revalidation, which herd
 		// does not do.
-		return verdict{why: "stale on arrival (s-maxage, max-age or Expires, less Age)"}
+		return verdict{why: "stale on arrival (s-maxage, max-age or Expires, less Age)", mark: true}
 	}
 	if h.cfg.RespectCacheControl && f.stated {
 		ttl = left
@@ -671,6 +832,9 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header, before hea
 // every key: a KeyHeaders entry, or a forwarding header (but not
 // Forwarded, whose for= parameters are not keyed).
 func (h *handler) keyed(name string) bool {
+	if name == "Accept-Encoding" {
+		return true // reduced to what every key holds (encoding.go)
+	}
 	if h.cfg.KeyFunc == nil && slices.Contains(h.cfg.keyHeaders, name) {
 		return true // with KeyFunc, KeyHeaders are not part of the key
 	}
@@ -723,28 +887,36 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	for _, name := range conditionalHeaders {
 		req.Header.Del(name)
 	}
+	_, shown := h.bucket(snap)
+	req.Header.Set("Accept-Encoding", shown)
 	cw := newCaptureWriter(nil, h.cfg.MaxBodyBytes, false)
 	h.next.ServeHTTP(cw, req)
 	if cw.passthrough {
-		return nil, fmt.Errorf("herd/middleware: refresh response streamed, outgrew MaxBodyBytes or hijacked")
+		return nil, fmt.Errorf("herd/middleware: refresh response %w: it streamed, outgrew MaxBodyBytes or was hijacked", herd.ErrNotShared)
 	}
 	tags := h.takeTags(cw.header)
 	e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
 	v := h.decide(req, e, cw.header, nil)
 	setStoredAge(e, v)
-	if v.ttl <= 0 {
+	if v.ttl <= 0 && e.status >= 500 {
 		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", v.why)
+	}
+	if v.ttl <= 0 {
+		// Not a failure: counted as not shared (the stale response stays
+		// servable for its stale window, and refreshes back off).
+		return nil, fmt.Errorf("herd/middleware: refresh response %w: %s", herd.ErrNotShared, v.why)
 	}
 	if len(tags) > 0 {
 		if err := herd.SetTags(ctx, tags...); err != nil {
-			return nil, fmt.Errorf("herd/middleware: refresh response not storable: %w", err)
+			return nil, fmt.Errorf("herd/middleware: refresh response %w: its tags cannot be recorded: %w", herd.ErrNotShared, err)
 		}
 	}
-	if headerGet(e.header, "Etag") == "" {
-		e.header.Set("Etag", etagOf(e.body))
+	p, why := h.pack(e)
+	if why != "" {
+		return nil, fmt.Errorf("herd/middleware: refresh response %w: %s", herd.ErrNotShared, why)
 	}
 	herd.SetExpiry(ctx, v.ttl, v.staleFor)
-	return e.encode(), nil
+	return p.stored.encode(), nil
 }
 
 func (h *handler) log(level slog.Level, msg string, args ...any) {

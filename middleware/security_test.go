@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -376,14 +377,19 @@ func secRedisKey(key, role string) string {
 	return "herd:{" + base64.RawURLEncoding.EncodeToString(sum[:]) + "}:" + role
 }
 
-// secStored reports whether Redis holds a value for the middleware key.
+// secStored reports whether Redis holds a value for the middleware key
+// that is not a hit-for-miss mark. A mark is an envelope whose flags byte
+// (its second) has herd's pass bit (1<<1) set; it holds no response.
 func secStored(t *testing.T, rdb *redis.Client, key string) bool {
 	t.Helper()
-	n, err := rdb.Exists(context.Background(), secRedisKey(key, "v")).Result()
+	b, err := rdb.Get(context.Background(), secRedisKey(key, "v")).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return false
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n == 1
+	return len(b) < 2 || b[1]&(1<<1) == 0
 }
 
 // secScan returns the Redis keys matching pattern.
@@ -532,9 +538,11 @@ func TestVary(t *testing.T) {
 			t.Run("keyed", func(t *testing.T) {
 				url := srv.URL + "/v?vary=Accept-Encoding"
 				first := map[string]string{}
+				// The handler is shown the bucket's codings (encoding.go).
+				shown := map[string]string{"gzip": "gzip", "br": "br", "": "identity", "gzip, br": "br, gzip"}
 				for _, enc := range []string{"gzip", "br", "", "gzip, br"} {
 					r := secGet(t, cl, url, "Accept-Encoding", enc)
-					if r.cacheStatus() != statusStored || !strings.Contains(r.body, strconv.Quote(enc)) {
+					if r.cacheStatus() != statusStored || !strings.Contains(r.body, strconv.Quote(shown[enc])) {
 						t.Errorf("Accept-Encoding %q: %v, want its own entry, stored", enc, r)
 					}
 					first[enc] = r.body
@@ -564,10 +572,10 @@ func TestVary(t *testing.T) {
 				t.Run("not stored/"+vary, func(t *testing.T) {
 					url := srv.URL + "/nv?vary=" + vary
 					before := runs.Load()
-					for i := range 2 {
+					for i, want := range []string{statusMiss, statusHitForMiss} {
 						r := secGet(t, cl, url, "Accept-Encoding", "gzip", "X-Unlisted", "v")
-						if r.cacheStatus() != statusMiss {
-							t.Errorf("request %d: %v, want Cache-Status %q", i, r, statusMiss)
+						if r.cacheStatus() != want {
+							t.Errorf("request %d: %v, want Cache-Status %q", i, r, want)
 						}
 					}
 					if got := runs.Load() - before; got != 2 {
@@ -854,10 +862,12 @@ func TestUncacheableResponses(t *testing.T) {
 				})
 				srv, cl := secServe(t, rt.build(New(c, nil), h))
 				url := srv.URL + "/u"
+				// The first response marks the URL: the second runs at once.
 				for i := int64(1); i <= 2; i++ {
+					want := []string{statusMiss, statusHitForMiss}[i-1]
 					r := secGet(t, cl, url)
-					if r.body != fmt.Sprintf("run%d", i) || r.cacheStatus() != statusMiss {
-						t.Errorf("request %d: %v, want the handler's run %d with Cache-Status %q", i, r, i, statusMiss)
+					if r.body != fmt.Sprintf("run%d", i) || r.cacheStatus() != want {
+						t.Errorf("request %d: %v, want the handler's run %d with Cache-Status %q", i, r, i, want)
 					}
 					if ck := r.header.Get("Set-Cookie"); ck != "" && !strings.HasPrefix(ck, fmt.Sprintf("session=%d", i)) {
 						t.Errorf("request %d: Set-Cookie %q replayed from another run", i, ck)
@@ -1491,9 +1501,10 @@ func TestStreaming(t *testing.T) {
 			if e := event(s2); e != "data: 2.1" {
 				t.Errorf("second stream: first event %q", e)
 			}
+			// The first stream marked the URL: the second ran at once.
 			for i, s := range []stream{s1, s2} {
-				if cs := s.res.Header.Get("Cache-Status"); cs != statusBypass {
-					t.Errorf("stream %d: Cache-Status %q, want %q", i+1, cs, statusBypass)
+				if cs, want := s.res.Header.Get("Cache-Status"), []string{statusBypass, statusHitForMiss}[i]; cs != want {
+					t.Errorf("stream %d: Cache-Status %q, want %q", i+1, cs, want)
 				}
 			}
 			more.open()
@@ -1852,10 +1863,16 @@ func TestLeaderClientGone(t *testing.T) {
 }
 
 // TestCorruptEntries is H11: a value at the middleware's key that is a
-// valid herd envelope but not a response is bypassed, without panic.
+// valid herd envelope but not a response it can serve (bad bytes, another
+// writer's value, a gzip body that does not decode or decodes past
+// MaxBodyBytes) is replaced, without panic: the next request deletes it
+// and rebuilds, and the request after that is a hit.
 func TestCorruptEntries(t *testing.T) {
 	c, _ := newCache(t, nil)
 	valid := (&entry{status: 200, header: http.Header{"X-A": {"b"}}, body: []byte("stored")}).encode()
+	gzipped := func(body []byte) []byte {
+		return (&entry{status: 200, header: http.Header{"Content-Encoding": {"gzip"}, "Etag": {`"t"`}}, body: body}).encode()
+	}
 	for _, rt := range secRouters {
 		t.Run(rt.name, func(t *testing.T) {
 			var runs atomic.Int64
@@ -1877,20 +1894,29 @@ func TestCorruptEntries(t *testing.T) {
 				[]byte("H\x01\x00\xc8\x02\x01a\x01b\x01c"),
 				valid[:len(valid)-len("stored")-3],
 				[]byte(`{"json":"value"}`),
+				gzipped([]byte("not gzip")),
+				gzipped([]byte(gzipString(t, strings.Repeat("\x00", 2<<20)))), // decodes past MaxBodyBytes
 			} {
 				url := fmt.Sprintf("%s/corrupt/%d", srv.URL, i)
 				if err := c.Set(context.Background(), secKeyOfURL(t, nil, url), junk, time.Minute); err != nil {
 					t.Fatal(err)
 				}
 				before := runs.Load()
-				for _, m := range []string{http.MethodGet, http.MethodHead} {
+				for j, m := range []string{http.MethodGet, http.MethodGet, http.MethodHead} {
+					want, body := statusHit, "fresh"
+					if j == 0 {
+						want = statusStored
+					}
+					if m == http.MethodHead {
+						body = ""
+					}
 					r := secSend(t, cl, secNewReq(t, m, url, nil))
-					if r.status != 200 || r.cacheStatus() != statusBypass {
-						t.Errorf("%s %q: %v, want the handler's response with Cache-Status %q", m, junk, r, statusBypass)
+					if r.status != 200 || !strings.HasPrefix(r.cacheStatus(), want) || r.body != body {
+						t.Errorf("%s %d of %q: %v, want %q with the handler's response", m, j, junk, r, want)
 					}
 				}
-				if got := runs.Load() - before; got != 2 {
-					t.Errorf("%q: handler ran %d times for 2 requests", junk, got)
+				if got := runs.Load() - before; got != 1 {
+					t.Errorf("%q: handler ran %d times for 3 requests, want 1", junk, got)
 				}
 			}
 		})
@@ -2025,6 +2051,10 @@ func TestInvalidOptions(t *testing.T) {
 		{"KeyHeaders space", c, &Options{KeyHeaders: []string{"X Bad"}}},
 		{"KeyHeaders colon", c, &Options{KeyHeaders: []string{"X-Bad:"}}},
 		{"KeyHeaders CRLF", c, &Options{KeyHeaders: []string{"X-A\r\nX-B"}}},
+		{"negative CompressMinBytes", c, &Options{Compress: true, CompressMinBytes: -1}},
+		{"CompressLevel 10", c, &Options{Compress: true, CompressLevel: 10}},
+		{"CompressLevel -1", c, &Options{Compress: true, CompressLevel: -1}},
+		{"Compress with Accept-Encoding keyed", c, &Options{Compress: true, KeyHeaders: []string{"accept-encoding"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			defer func() {

@@ -12,8 +12,8 @@
 //
 // The metrics:
 //
-//	herd_lookups_total{class,outcome}           how calls were served: hit, stale, early-refresh, negative, leader, follower, fallback
-//	herd_loads_total{class,result,leased}       loader runs: result ok, not_found, error, panic; leased false = fail-open or fallback
+//	herd_lookups_total{class,outcome}           how calls were served: hit, stale, early-refresh, negative, leader, follower, fallback, pass
+//	herd_loads_total{class,result,leased}       loader runs: result ok, not_found, not_shared, error, panic; leased false = fail-open or fallback
 //	herd_load_duration_seconds{class}           loader run time (histogram)
 //	herd_lease_events_total{class,event}        acquired, contended, taken_over, lost, extended, extend_failed
 //	herd_wait_duration_seconds{class,end}       follower waits by how they ended: notified, polled, takeover, timeout, cancelled (histogram)
@@ -23,6 +23,29 @@
 //	herd_fail_open_total{class}                 calls served by a local load because Redis was unreachable
 //	herd_corrupt_values_total{class}            unreadable bytes at a value key (read as a miss)
 //	herd_refreshes_total{class,event}           background refreshes: started, dropped, failed, skipped
+//
+// Reading them (each mirrors a field of [herd.Stats]):
+//
+//   - outcome="leader" counts rebuilds, not callers: of the callers of one
+//     rebuild in a process one is the leader and the others followers. A
+//     leader's rebuild is one herd_loads_total with leased="true", whatever
+//     its result, except one handed over ([herd.Fill.Handover]: an HTTP
+//     client that went away; or a Begin caller that left before it got
+//     its Fill), which has none. A background refresh is a load without
+//     a lookup.
+//   - result="not_shared" is a rebuild whose value was not for sharing
+//     (the HTTP middleware's responses that set a cookie, are private,
+//     streamed or too large): no failure, and not in result="error".
+//   - outcome="pass" is a lookup that found a pass mark ([herd.Fill.Pass],
+//     the HTTP middleware's hit-for-miss): the caller built its own value
+//     at once, without waiting.
+//   - outcome="follower" is a call that waited for another caller's
+//     rebuild, in this process or in another; its reading of the rebuilt
+//     value is not a hit.
+//
+// [NewBypassCounter] adds herd_http_bypasses_total{reason} for the HTTP
+// middleware: the requests it served without a lookup, or, for
+// reason="hit_for_miss", after a lookup found the URL marked.
 package prometheus
 
 import (
@@ -155,6 +178,8 @@ func loadResult(err error) string {
 		return "ok"
 	case errors.Is(err, herd.ErrNotFound):
 		return "not_found"
+	case errors.Is(err, herd.ErrNotShared):
+		return "not_shared"
 	case errors.As(err, &pe):
 		return "panic"
 	}

@@ -42,11 +42,13 @@ var catalog = map[string]string{
 
 var handlerRuns atomic.Int64
 
-// productHandler is the slow, uncached handler. It reads r.PathValue, not
-// chi.URLParam: a stale refresh runs it after the request returned, when
-// chi may have recycled the route context URLParam reads.
+// productHandler is the slow, uncached handler. It reads its path
+// parameter with chi.URLParam (r.PathValue, which chi v5 sets too, works as
+// well): a stale refresh runs it in the background after the request
+// returned, on a snapshot of the request that carries a copy of chi's
+// route context.
 func productHandler(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
+	id := chi.URLParam(r, "id")
 	log.Printf("handler ran for product %q (run %d)", id, handlerRuns.Add(1))
 	time.Sleep(200 * time.Millisecond) // a slow database
 	p, ok := catalog[id]

@@ -57,17 +57,24 @@ func main() {
 	reg.MustRegister(prometheus.NewGoCollector())
 	cache := herd.New(rdb, &herd.Options{
 		Observer: herdprom.NewObserver(reg, nil),
-		// Bounded labels: one class for every page; herd never labels raw keys.
-		KeyClass: func(key string) string { return "http" },
+		// Bounded labels: the route of each page (middleware.Options.Class
+		// below); herd never labels raw keys.
+		KeyClass: middleware.KeyClass(nil),
 		Logger:   slog.Default(),
 	})
 	defer cache.Close()
 
 	r := chi.NewRouter()
-	r.Use(chimw.Recoverer)
+	r.Use(chimw.Recoverer, chimw.GetHead) // GetHead: HEAD requests reach Get routes (and herd's entries)
 	r.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	r.With(middleware.New(cache, &middleware.Options{TTL: 10 * time.Second, StaleFor: 30 * time.Second})).
+	r.With(middleware.New(cache, &middleware.Options{
+		TTL: 10 * time.Second, StaleFor: 30 * time.Second,
+		Class:    middleware.RoutePattern,             // class="/reports/{id}"
+		OnBypass: herdprom.NewBypassCounter(reg, nil), // herd_http_bypasses_total{reason}
+	})).
 		Get("/reports/{id}", func(w http.ResponseWriter, r *http.Request) {
+			// chi.URLParam holds in a stale refresh too (the middleware
+			// copies chi's route context for it).
 			time.Sleep(300 * time.Millisecond) // a slow report query
 			log.Printf("handler ran for report %s", chi.URLParam(r, "id"))
 			fmt.Fprintf(w, "report %s built at %s\n", chi.URLParam(r, "id"), time.Now().Format(time.RFC3339Nano))

@@ -98,7 +98,8 @@ func Start(t testing.TB) *Server {
 // removes its temporary directory; calling that function more than once is
 // harmless. StartMain returns an error when redis-server is missing or does
 // not start; callers that want to skip instead can consult [Available]
-// first.
+// first. It needs no test at all: the bench command (./bench) uses it to
+// start the redis-server it runs against.
 func StartMain() (*Server, func(), error) {
 	bin, found, err := lookup("redis-server")
 	if err != nil {

@@ -1,0 +1,21 @@
+//go:build !unix
+
+package main
+
+import "errors"
+
+// canStartServer reports whether the bench can start a redis-server of
+// its own here. internal/redistest, which starts them, needs Unix signals.
+const canStartServer = false
+
+// ownServer is a redis-server this run started; never one here.
+type ownServer struct {
+	addr string
+	pid  int
+	dir  string
+	stop func()
+}
+
+func startServer() (*ownServer, error) {
+	return nil, errors.New("bench: starting a redis-server needs a Unix system")
+}

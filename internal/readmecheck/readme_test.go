@@ -1,0 +1,250 @@
+package readmecheck
+
+// TestREADMESnippets compiles every ```go block of README.md against this
+// repository and vets it.
+//
+// Each block is preceded, on the lines just before its fence, by an HTML
+// comment (invisible when the README is rendered) that says what it is:
+//
+//	<!-- snippet file -->
+//
+// the block is a whole Go file, package clause and imports included; or
+//
+//	<!-- snippet func(ctx context.Context) error
+//	var db interface{ LoadUser(context.Context, int) (User, error) }
+//	type User struct{ Name string }
+//	-->
+//
+// the block is the body of a function with that signature, and the lines
+// after the first, up to "-->", are declarations it needs (what the prose
+// takes as given: a client, a handler, a database). A declaration line
+// "import ..." adds an import. Every body is compiled with the imports in
+// snippetImports, so a snippet need not repeat them; an unused one is
+// fine. A ```go block without a marker fails the test.
+//
+// Each snippet becomes a package of a temporary module that requires this
+// one through a replace directive, with this module's requirements and
+// go.sum, and `go build ./...` and `go vet ./...` must pass. Errors point
+// at README.md's lines (//line directives).
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// snippetImports are the imports every function-body snippet is compiled
+// with, each with a use of its own so that none is unused.
+var snippetImports = []struct{ name, path, use string }{
+	{"", "context", "context.Background"},
+	{"", "errors", "errors.New"},
+	{"", "fmt", "fmt.Sprint"},
+	{"", "log", "log.Printf"},
+	{"", "net/http", "http.NewServeMux"},
+	{"", "strings", "strings.SplitN"},
+	{"", "time", "time.Now"},
+	{"", "github.com/herdkit/herd", "herd.New"},
+	{"", "github.com/herdkit/herd/middleware", "middleware.New"},
+	{"herdprom", "github.com/herdkit/herd/prometheus", "herdprom.NewObserver"},
+	{"", "github.com/prometheus/client_golang/prometheus", "prometheus.NewRegistry"},
+	{"", "github.com/redis/go-redis/v9", "redis.NewClient"},
+	{"", "github.com/go-chi/chi/v5", "chi.NewRouter"},
+	{"chimw", "github.com/go-chi/chi/v5/middleware", "chimw.Recoverer"},
+}
+
+// snippet is one ```go block of the README.
+type snippet struct {
+	line  int      // README line of the block's first code line
+	code  []string // the block's lines
+	kind  string   // "file", or the function signature of a body
+	decls []string // the marker's declaration lines
+}
+
+var markerStart = regexp.MustCompile(`^<!--\s*snippet\s+(.*?)\s*(-->)?\s*$`)
+
+// parseREADME returns the ```go blocks of the README at path, each with
+// its marker.
+func parseREADME(path string) ([]snippet, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var lines []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	var out []snippet
+	var errs []string
+	for i := 0; i < len(lines); i++ {
+		fence := strings.TrimSpace(lines[i])
+		if !strings.HasPrefix(fence, "```") {
+			continue
+		}
+		info := strings.TrimSpace(strings.TrimPrefix(fence, "```"))
+		end := i + 1
+		for end < len(lines) && strings.TrimSpace(lines[end]) != "```" {
+			end++
+		}
+		if end == len(lines) {
+			return nil, fmt.Errorf("README.md:%d: unterminated code block", i+1)
+		}
+		if info == "go" {
+			s := snippet{line: i + 2, code: lines[i+1 : end]}
+			if err := s.readMarker(lines, i); err != nil {
+				errs = append(errs, err.Error())
+			} else {
+				out = append(out, s)
+			}
+		}
+		i = end
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("%s", strings.Join(errs, "\n"))
+	}
+	return out, nil
+}
+
+// readMarker reads the marker that ends on the line before the fence at
+// lines[fence].
+func (s *snippet) readMarker(lines []string, fence int) error {
+	last := fence - 1
+	if last < 0 || !strings.HasSuffix(strings.TrimSpace(lines[last]), "-->") {
+		return fmt.Errorf("README.md:%d: a ```go block without a <!-- snippet ... --> marker on the line before it", fence+1)
+	}
+	first := last
+	for first >= 0 && !strings.HasPrefix(strings.TrimSpace(lines[first]), "<!--") {
+		first--
+	}
+	if first < 0 {
+		return fmt.Errorf("README.md:%d: a ```go block without a <!-- snippet ... --> marker on the line before it", fence+1)
+	}
+	m := markerStart.FindStringSubmatch(strings.TrimSpace(lines[first]))
+	if m == nil {
+		return fmt.Errorf("README.md:%d: the comment before a ```go block is not a <!-- snippet ... --> marker", first+1)
+	}
+	s.kind = m[1]
+	if first != last {
+		if m[2] != "" {
+			return fmt.Errorf("README.md:%d: the marker ends on its first line, but the comment goes on", first+1)
+		}
+		s.decls = lines[first+1 : last]
+		if rest := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(lines[last]), "-->")); rest != "" {
+			s.decls = append(s.decls, rest)
+		}
+	}
+	switch {
+	case s.kind == "file":
+		if len(s.decls) > 0 {
+			return fmt.Errorf("README.md:%d: a file snippet takes no declarations", first+1)
+		}
+	case strings.HasPrefix(s.kind, "func("):
+	default:
+		return fmt.Errorf("README.md:%d: snippet kind %q: want file or a function signature func(...)", first+1, s.kind)
+	}
+	return nil
+}
+
+// source is the Go file the snippet compiles as.
+func (s snippet) source() string {
+	if s.kind == "file" {
+		return fmt.Sprintf("//line README.md:%d\n%s\n", s.line, strings.Join(s.code, "\n"))
+	}
+	var b strings.Builder
+	b.WriteString("package snippet\n\nimport (\n")
+	var decls []string
+	for _, d := range s.decls {
+		if imp, ok := strings.CutPrefix(strings.TrimSpace(d), "import "); ok {
+			fmt.Fprintf(&b, "\t%s\n", imp)
+			continue
+		}
+		decls = append(decls, d)
+	}
+	for _, imp := range snippetImports {
+		fmt.Fprintf(&b, "\t%s %q\n", imp.name, imp.path)
+	}
+	b.WriteString(")\n\n")
+	for _, imp := range snippetImports {
+		fmt.Fprintf(&b, "var _ = %s\n", imp.use)
+	}
+	b.WriteString("\n")
+	b.WriteString(strings.Join(decls, "\n"))
+	fmt.Fprintf(&b, "\n\nfunc snippet%s {\n//line README.md:%d\n%s\n}\n", strings.TrimPrefix(s.kind, "func"), s.line, strings.Join(s.code, "\n"))
+	return b.String()
+}
+
+func TestREADMESnippets(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	snippets, err := parseREADME(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snippets) == 0 {
+		t.Fatal("no ```go block in README.md")
+	}
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("the go command, to build the snippets: %v", err)
+	}
+
+	dir := t.TempDir()
+	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This module's go directive and requirements, with it replaced by
+	// the working tree.
+	body, ok := strings.CutPrefix(string(mod), "module github.com/herdkit/herd\n")
+	if !ok {
+		t.Fatalf("go.mod does not start with the module line")
+	}
+	gomod := "module readmecheck\n" + body +
+		"\nrequire github.com/herdkit/herd v0.0.0-00010101000000-000000000000\n" +
+		"\nreplace github.com/herdkit/herd => " + root + "\n"
+	writeFile(t, filepath.Join(dir, "go.mod"), gomod)
+	writeFile(t, filepath.Join(dir, "go.sum"), string(sum))
+	for i, s := range snippets {
+		writeFile(t, filepath.Join(dir, fmt.Sprintf("s%02d", i), "snippet.go"), s.source())
+	}
+
+	for _, args := range [][]string{{"build", "./..."}, {"vet", "./..."}} {
+		cmd := exec.Command(goBin, args...)
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("go %s of the %d README snippets: %v\n%s", strings.Join(args, " "), len(snippets), err, out)
+		}
+	}
+	if t.Failed() {
+		for i, s := range snippets {
+			t.Logf("s%02d (README.md:%d):\n%s", i, s.line, s.source())
+		}
+	}
+}
+
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
