@@ -270,9 +270,9 @@
 // handler was still reading the old product, in any instance) stores its
 // response afterwards; its own client still gets it. A response whose
 // tags cannot be recorded is served but not stored: more than
-// [herd.MaxTags] tags, a tag longer than [herd.MaxTagBytes], a tag whose
-// index is full ([herd.Options.MaxTagEntries]), or Redis failing to
-// record them. A stale entry's background refresh stores the tags its
+// [herd.MaxTags] tags or a tag longer than [herd.MaxTagBytes] (the URL is
+// then marked, as under Hit-for-miss), a tag whose index is full
+// ([herd.Options.MaxTagEntries]), or Redis failing to record them. A stale entry's background refresh stores the tags its
 // response carries then. Tags are one namespace per Cache: a purge also
 // removes cache-aside values tagged the same ([herd.SetTags],
 // [herd.Cache.SetTagged]). [herd.Cache.InvalidateTag] has the costs and

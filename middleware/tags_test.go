@@ -367,6 +367,11 @@ func TestTagHostileHeaders(t *testing.T) {
 			if body != "page" || stored != tc.stored {
 				t.Fatalf("second GET: body %q, Cache-Status %q, stored %v; want stored %v", body, res.Header.Get("Cache-Status"), stored, tc.stored)
 			}
+			if !tc.stored && res.Header.Get("Cache-Status") != statusHitForMiss {
+				// The tags are the response's own: its URL is marked
+				// (hit-for-miss), like one that cannot be shared.
+				t.Fatalf("second GET: Cache-Status %q, want %q", res.Header.Get("Cache-Status"), statusHitForMiss)
+			}
 		})
 	}
 	// The odd tags are purgeable one by one.
