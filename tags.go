@@ -178,8 +178,8 @@ const (
 // is still stored unless a tag of its value was purged in the last two
 // minutes (see recordTags). It must be called from work that Close waits
 // for (a flight or a refresh): an asynchronous read is counted in c.wg.
-func (c *Cache) newGenRead() *genRead {
-	g := &genRead{sent: time.Now()}
+func (c *Cache) newGenRead() genRead {
+	g := genRead{sent: time.Now()}
 	if !c.tagsOn.Load() || time.Now().UnixNano() < c.genPausedUntil.Load() {
 		return g
 	}
@@ -197,7 +197,7 @@ func (c *Cache) newGenRead() *genRead {
 }
 
 // side is the command to send in the ACQUIRE's pipeline (nil for none).
-func (g *genRead) side() redis.Cmder {
+func (g genRead) side() redis.Cmder {
 	if g.cmd == nil || g.done != nil {
 		return nil
 	}
@@ -206,7 +206,7 @@ func (g *genRead) side() redis.Cmder {
 
 // result is the generation read, once the ACQUIRE returned, before any
 // load begins.
-func (c *Cache) genResult(g *genRead) generation {
+func (c *Cache) genResult(g genRead) generation {
 	gen := generation{sent: g.sent}
 	if g.cmd == nil {
 		return gen
