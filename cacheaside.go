@@ -295,7 +295,7 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 			// The index must cover the value from before it is written
 			// until after it expires: the value's PX counts from now.
 			deadline := time.Now().Add(hard)
-			if _, err := c.recordTags(ctx, keys.hash, tags, hard, nil); err != nil {
+			if _, err := c.recordTags(ctx, keys.hash(), tags, hard, nil); err != nil {
 				return err
 			}
 			hard = max(time.Until(deadline), time.Millisecond)

@@ -26,7 +26,15 @@ type keyFamily struct {
 	failed  string // P:{T}:x  failure marker: "<fence>|<message>" of a failed load, short-lived
 	channel string // P:{T}:n  pub/sub channel for wake-ups
 	writes  string // P:{T}:w: prefix of the markers of Set and Invalidate runs ("<prefix><write id>")
-	hash    string // T itself: the key's member in a tag index (see tags.go)
+}
+
+// hash returns T, the key's hash tag: its member in a tag index (see
+// tags.go). It is not a field: eight strings keep a keyFamily small
+// enough for a closure to capture by value.
+func (k keyFamily) hash() string {
+	i := strings.IndexByte(k.value, '{')
+	j := strings.IndexByte(k.value, '}')
+	return k.value[i+1 : j]
 }
 
 // makeKeys maps a user key to its Redis names.
@@ -62,7 +70,6 @@ func familyOf(prefix, t string) keyFamily {
 		failed:  base + "x",
 		channel: base + "n",
 		writes:  base + "w:",
-		hash:    t,
 	}
 }
 

@@ -81,3 +81,17 @@ func TestOptionsPanic(t *testing.T) {
 		t.Errorf("nil options resolved to %+v, want the defaults", c)
 	}
 }
+
+// A key family's hash tag is T, the part between the braces of every
+// name: the member a tag index records.
+func TestKeyFamilyHash(t *testing.T) {
+	for _, key := range []string{"a", "{x}", "}{", "\x00\xff"} {
+		keys, err := makeKeys("p", key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h := keys.hash(); !isHashTag(h) || familyOf("p", h) != keys {
+			t.Fatalf("hash of %q = %q: not the family's tag", key, h)
+		}
+	}
+}

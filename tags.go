@@ -185,12 +185,13 @@ func (c *Cache) newGenRead() genRead {
 	}
 	g.cmd = redis.NewStringCmd(c.ctx, "GET", c.genKey)
 	if !c.oneMaster {
-		g.done = make(chan struct{})
+		cmd, done := g.cmd, make(chan struct{})
+		g.done = done
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
-			defer close(g.done)
-			_ = c.rdb.Process(c.ctx, g.cmd)
+			defer close(done)
+			_ = c.rdb.Process(c.ctx, cmd)
 		}()
 	}
 	return g
@@ -312,7 +313,7 @@ func (fl *Fill) tagging() tagging {
 func (c *Cache) indexTags(f *flight, lease *Lease, t tagging, ttl time.Duration, loadStart time.Time) (cur currency, ok bool) {
 	purged, err := false, t.err
 	if err == nil {
-		purged, err = c.recordTags(c.ctx, f.keys.hash, t.tags, ttl, &f.gen)
+		purged, err = c.recordTags(c.ctx, f.keys.hash(), t.tags, ttl, &f.gen)
 	}
 	if c.tagHooks != nil && c.tagHooks.indexed != nil {
 		c.tagHooks.indexed(f.key, purged, err)

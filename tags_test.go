@@ -600,7 +600,7 @@ func mustHash(t *testing.T, key string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return keys.hash
+	return keys.hash()
 }
 
 // The index lives as long as its longest-lived value plus the grace, and
