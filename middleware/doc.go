@@ -205,7 +205,9 @@
 // another parser could read as a listed one (Lang, LANG, %6Cang, "lang =",
 // lang[x] for lang: PHP and ASP.NET read some of these as lang) is keyed
 // too, under its own name, so it cannot poison the entry of the requests
-// without it. [New] panics on a name that is not a token (RFC 6265), and
+// without it; so is a pair that holds a listed name after a ',' or
+// whitespace (x=1, lang=de: Rack 2 and RFC 2965 parsers split on ',',
+// Python's http.cookies on spaces), which r.Cookie reads as one cookie x. [New] panics on a name that is not a token (RFC 6265), and
 // on KeyCookies with IgnoreCookies, with KeyFunc, or with Cookie in
 // KeyHeaders.
 //

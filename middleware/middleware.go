@@ -74,7 +74,8 @@ type Options struct {
 	// cookie that is absent, present with an empty value, or repeated
 	// (every value is keyed, in order) makes a key of its own, and so
 	// does a cookie whose name a lenient parser could read as a listed
-	// one (Lang, %6Cang, "lang =" for lang). Authorization and the other
+	// one (Lang, %6Cang, "lang =" for lang, or lang after a ',' or a
+	// space inside another pair: "x=1, lang=de"). Authorization and the other
 	// credentials still bypass (see AllowAuthorized). A response that
 	// says Vary: Cookie is not stored (the key holds the listed cookies,
 	// not the Cookie header). See "Cookies" in the package documentation.

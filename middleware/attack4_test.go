@@ -1,0 +1,111 @@
+package middleware
+
+// Attacks on the features of issue 15 (cookies, hit-for-miss, encodings,
+// metrics), each with the defence that makes it fail. Every end-to-end
+// test runs on http.ServeMux and chi, on a real redis-server.
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// rackCookie reads a cookie as Rack 2 (Ruby) does, and RFC 2965 parsers
+// did: pairs separated by ';' or ',', each trimmed. It returns the first
+// value of name.
+func rackCookie(r *http.Request, name string) string {
+	for _, line := range r.Header.Values("Cookie") {
+		for _, part := range regexp.MustCompile(`[;,] *`).Split(line, -1) {
+			if n, v, ok := strings.Cut(strings.TrimSpace(part), "="); ok && n == name {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
+// pyCookie reads a cookie as Python's http.cookies.SimpleCookie does for
+// plain tokens: pairs end at ';' or at whitespace.
+func pyCookie(r *http.Request, name string) string {
+	for _, line := range r.Header.Values("Cookie") {
+		for _, part := range strings.FieldsFunc(line, func(c rune) bool { return c == ';' || c == ' ' || c == '\t' }) {
+			if n, v, ok := strings.Cut(part, "="); ok && n == name {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
+// TestKeyCookiesSeparatorPoisoning: a listed cookie that a lenient
+// parser finds after a ',' or a space inside another cookie's pair
+// ("x=1, lang=de": Rack 2 and RFC 2965 parsers split on ','; Python's
+// SimpleCookie on spaces) must be keyed, as a listed name in another
+// spelling is: otherwise the request shares the entry of the requests
+// without it and poisons it with the page for its language.
+func TestKeyCookiesSeparatorPoisoning(t *testing.T) {
+	c, _ := newCache(t, nil)
+	for _, rt := range secRouters {
+		for _, tc := range []struct {
+			name   string
+			read   func(*http.Request, string) string
+			cookie string
+		}{
+			{"comma", rackCookie, "x=1, lang=de"},
+			{"comma-nospace", rackCookie, "x=1,lang=de"},
+			{"space", pyCookie, "x=1 lang=de"},
+			{"tab", pyCookie, "x=1\tlang=de"},
+		} {
+			t.Run(rt.name+"/"+tc.name, func(t *testing.T) {
+				var runs atomic.Int64
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					runs.Add(1)
+					lang := tc.read(r, "lang")
+					if lang == "" {
+						lang = "en"
+					}
+					fmt.Fprintf(w, "page in %s", lang)
+				})
+				srv, cl := secServe(t, rt.build(New(c, &Options{KeyCookies: []string{"lang"}}), h))
+				url := srv.URL + "/sep/" + tc.name
+				if a := secGet(t, cl, url, "Cookie", tc.cookie); a.body != "page in de" {
+					t.Fatalf("the attacker's request: %v (the test's premise)", a)
+				}
+				for _, hdr := range [][]string{nil, {"Cookie", "x=1"}} {
+					if v := secGet(t, cl, url, hdr...); v.body != "page in en" {
+						t.Errorf("a victim (%q): %v, want the English page", hdr, v)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestCookieKeySeparators: at the key level, a listed name after ',' or
+// whitespace in an unlisted pair is keyed; an unlisted cookie whose value
+// holds such separators but no listed name is not.
+func TestCookieKeySeparators(t *testing.T) {
+	opt := &Options{KeyCookies: []string{"lang"}}
+	key := func(line string) string {
+		r := secNewReq(t, http.MethodGet, "http://k.test/p", nil)
+		r.RequestURI = "/p"
+		if line != "" {
+			r.Header.Set("Cookie", line)
+		}
+		return secKeyFor(t, opt, r)
+	}
+	plain := key("")
+	for _, line := range []string{"x=1, lang=de", "x=1,lang=de", "x=1 lang=de", "x=1\tlang=de", "x=a, Lang=de", "x=1 , %6Cang=de"} {
+		if key(line) == plain {
+			t.Errorf("Cookie %q has the key of a request without lang", line)
+		}
+	}
+	for _, line := range []string{"x=1, y=2", "_ga=GA1.2 3", "x=1 , language=de"} {
+		if key(line) != plain {
+			t.Errorf("Cookie %q: keyed, though no parser reads lang in it", line)
+		}
+	}
+}
