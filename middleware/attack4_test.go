@@ -11,6 +11,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"unicode/utf8"
+
+	"github.com/herdkit/herd"
+	herdprom "github.com/herdkit/herd/prometheus"
+	prom "github.com/prometheus/client_golang/prometheus"
 )
 
 // rackCookie reads a cookie as Rack 2 (Ruby) does, and RFC 2965 parsers
@@ -107,5 +112,65 @@ func TestCookieKeySeparators(t *testing.T) {
 		if key(line) != plain {
 			t.Errorf("Cookie %q: keyed, though no parser reads lang in it", line)
 		}
+	}
+}
+
+// TestClassCutIsValidUTF8: Options.Class is cut to 128 bytes; the cut
+// must not split a character, and a class that is not UTF-8 must not
+// reach the metrics as it is: Prometheus label values must be UTF-8, and
+// herd's adapter panics on one that is not (in a request, or in the
+// Cache's background work). A route of non-ASCII segments longer than
+// 128 bytes is enough.
+func TestClassCutIsValidUTF8(t *testing.T) {
+	long := "/" + strings.Repeat("a", 126) + "/é/{id}" // 'é' spans bytes 128 and 129
+	for _, rt := range secRouters {
+		for name, class := range map[string]string{"cut": long, "invalid": "/caf\xe9/{id}"} {
+			t.Run(rt.name+"/"+name, func(t *testing.T) {
+				reg := prom.NewRegistry()
+				c, _ := newCache(t, &herd.Options{Observer: herdprom.NewObserver(reg, nil), KeyClass: KeyClass(nil)})
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "page") })
+				mw := New(c, &Options{Class: func(*http.Request) string { return class }})
+				srv, cl := secServe(t, rt.build(mw, h))
+				for i := range 2 {
+					if a := secGet(t, cl, srv.URL+"/class/"+name); a.status != http.StatusOK || a.body != "page" {
+						t.Fatalf("request %d: %v", i, a)
+					}
+				}
+				mfs, err := reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var classes []string
+				for _, mf := range mfs {
+					if mf.GetName() != "herd_lookups_total" {
+						continue
+					}
+					for _, m := range mf.GetMetric() {
+						for _, lp := range m.GetLabel() {
+							if lp.GetName() == "class" {
+								classes = append(classes, lp.GetValue())
+								if !utf8.ValidString(lp.GetValue()) {
+									t.Errorf("class label %q is not UTF-8", lp.GetValue())
+								}
+							}
+						}
+					}
+				}
+				if len(classes) == 0 {
+					t.Errorf("no lookups counted")
+				}
+			})
+		}
+	}
+}
+
+// TestClassCutAtCharacter: the 128-byte cut of a class never splits a
+// character (KeyClass reads back a UTF-8 prefix of the class).
+func TestClassCutAtCharacter(t *testing.T) {
+	class := "/" + strings.Repeat("a", 126) + "/é/{id}"
+	h := &handler{cfg: (&Options{Class: func(*http.Request) string { return class }}).resolve()}
+	got := KeyClass(nil)(h.classKey(secNewReq(t, http.MethodGet, "http://k.test/", nil)) + "rest")
+	if !utf8.ValidString(got) || !strings.HasPrefix(class, got) || len(got) < 120 {
+		t.Errorf("class %q read back as %q: want a UTF-8 prefix of it", class, got)
 	}
 }
