@@ -6,8 +6,10 @@ package middleware
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -172,5 +174,54 @@ func TestClassCutAtCharacter(t *testing.T) {
 	got := KeyClass(nil)(h.classKey(secNewReq(t, http.MethodGet, "http://k.test/", nil)) + "rest")
 	if !utf8.ValidString(got) || !strings.HasPrefix(class, got) || len(got) < 120 {
 		t.Errorf("class %q read back as %q: want a UTF-8 prefix of it", class, got)
+	}
+}
+
+// gzipHandler answers a text body, gzip-coded when the request it is
+// shown accepts gzip (as chi's Compress middleware inside the cache).
+func gzipHandler(body string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		if strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Write(gzipBytes([]byte(body), 6))
+			return
+		}
+		io.WriteString(w, body)
+	})
+}
+
+// TestGzipRepresentationETagWhenNotStored: a gzip response the handler
+// coded itself carries the gzip representation's ETag (its own, not the
+// identity one) even when it is not stored (here: larger than the
+// Cache's MaxValueBytes), so that two representations never share a
+// strong validator, and an If-None-Match of the identity ETag is no 304
+// for the gzip bytes.
+func TestGzipRepresentationETagWhenNotStored(t *testing.T) {
+	c, _ := newCache(t, &herd.Options{MaxValueBytes: 1024})
+	body := strings.Repeat("x", 8000) // and digits that gzip leaves above MaxValueBytes
+	for i := range 2000 {
+		body += strconv.Itoa(i * 7919 % 1000003)
+	}
+	for _, rt := range secRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			srv, cl := secServe(t, rt.build(New(c, nil), gzipHandler(body)))
+			url := srv.URL + "/gz/unstored"
+			id := secGet(t, cl, url)
+			gz := secGet(t, cl, url, "Accept-Encoding", "gzip")
+			if id.body != body || gz.header.Get("Content-Encoding") != "gzip" {
+				t.Fatalf("identity %v, gzip %v (the test's premise)", id, gz)
+			}
+			if again := secGet(t, cl, url); strings.HasPrefix(again.cacheStatus(), statusHit) {
+				t.Fatalf("stored: %v (the test's premise)", again)
+			}
+			tid, tgz := id.header.Get("Etag"), gz.header.Get("Etag")
+			if tid == "" || tid == tgz {
+				t.Errorf("identity ETag %q, gzip ETag %q: want two validators", tid, tgz)
+			}
+			if r := secGet(t, cl, url, "Accept-Encoding", "gzip", "If-None-Match", tid); r.status == http.StatusNotModified {
+				t.Errorf("gzip request with the identity ETag: %v, want the gzip body", r)
+			}
+		})
 	}
 }

@@ -699,6 +699,10 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		var why string
 		if p, why = h.pack(e); why != "" {
 			v = verdict{why: why, mark: true} // the response's own encoding: the URL's
+		} else if s, err := h.variant(r, p.stored, p.plain); err == nil {
+			// What a hit would serve this client, stored or not: each
+			// representation with its own ETag.
+			e = s
 		}
 	}
 	switch {
@@ -713,9 +717,6 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 			h.log(slog.LevelWarn, "herd/middleware: response not stored", "err", err)
 			h.write(w, r, e, statusMiss, 0)
 			return
-		}
-		if s, err := h.variant(r, p.stored, p.plain); err == nil {
-			e = s // what a hit would serve this client
 		}
 		h.write(w, r, e, statusStored, 0)
 		return
