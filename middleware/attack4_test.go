@@ -5,6 +5,8 @@ package middleware
 // test runs on http.ServeMux and chi, on a real redis-server.
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -13,9 +15,11 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/redistest"
 	herdprom "github.com/herdkit/herd/prometheus"
 	prom "github.com/prometheus/client_golang/prometheus"
 )
@@ -221,6 +225,40 @@ func TestGzipRepresentationETagWhenNotStored(t *testing.T) {
 			}
 			if r := secGet(t, cl, url, "Accept-Encoding", "gzip", "If-None-Match", tid); r.status == http.StatusNotModified {
 				t.Errorf("gzip request with the identity ETag: %v, want the gzip body", r)
+			}
+		})
+	}
+}
+
+// TestForeignNegativeEntryReplaced: a negative entry at a middleware key
+// (another writer's Cache.Get whose loader said ErrNotFound, for an hour)
+// is a value the middleware cannot serve: it is replaced by the next
+// rebuild, as a corrupt value is, not bypassed until it expires, with
+// every request running the handler uncoalesced.
+func TestForeignNegativeEntryReplaced(t *testing.T) {
+	srv := redistest.Start(t)
+	c := herd.New(srv.Client(t), nil)
+	other := herd.New(srv.Client(t), &herd.Options{NegativeTTL: time.Hour})
+	t.Cleanup(func() { c.Close(); other.Close() })
+	for _, rt := range secRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			var runs atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs.Add(1)
+				io.WriteString(w, "page")
+			})
+			s, cl := secServe(t, rt.build(New(c, nil), h))
+			url := s.URL + "/negative"
+			key := secKeyOfURL(t, nil, url)
+			_, err := other.Get(context.Background(), key, time.Hour, func(context.Context) ([]byte, error) { return nil, herd.ErrNotFound })
+			if !errors.Is(err, herd.ErrNotFound) {
+				t.Fatalf("the foreign writer's Get: %v (the test's premise)", err)
+			}
+			if a := secGet(t, cl, url); a.body != "page" {
+				t.Fatalf("first request: %v", a)
+			}
+			if b := secGet(t, cl, url); !strings.HasPrefix(b.cacheStatus(), statusHit) {
+				t.Errorf("second request: %v, want a hit on the entry that replaced the negative one", b)
 			}
 		})
 	}

@@ -320,7 +320,8 @@
 // recoded body.
 //
 // A stored value that herd cannot serve is not bypassed until it
-// expires. That covers another writer's value, corrupt bytes, and a gzip
+// expires. That covers another writer's value (a negative entry of a
+// Cache.Get whose loader said ErrNotFound too), corrupt bytes, and a gzip
 // body that does not decode within MaxBodyBytes (a gzip bomb; only a
 // client without gzip finds that out, since a gzip client gets the
 // stored bytes as they are). The first request that finds it deletes it with [herd.Cache.Invalidate], which

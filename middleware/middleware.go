@@ -425,6 +425,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.log(slog.LevelWarn, "herd/middleware: the response failed twice; answering with ErrorHandler", "key", key, "err", err)
 			h.cfg.ErrorHandler(w, r, err)
 			return
+		case errors.Is(err, herd.ErrNotFound) && !replaced:
+			// A negative entry: the middleware never writes one, so it is
+			// another writer's value (a Cache.Get whose loader said
+			// ErrNotFound), replaced as a corrupt value is rather than
+			// bypassed until it expires.
+			if h.replaceCorrupt(ctx, key, err) {
+				replaced = true
+				continue
+			}
+			w.Header().Set("Cache-Status", statusBypass)
+			h.next.ServeHTTP(w, r)
+			return
 		case errors.Is(err, herd.ErrPass):
 			// The URL's hit-for-miss mark: no response of it is shared
 			// now, so nobody waits for anybody.
