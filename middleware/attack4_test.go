@@ -263,3 +263,39 @@ func TestForeignNegativeEntryReplaced(t *testing.T) {
 		})
 	}
 }
+
+// TestGzipAlwaysHandlerIdentityLeader: a handler that gzips whatever
+// Accept-Encoding it is shown (a precompressed asset) is stored gzip-coded
+// and decoded for clients without gzip, the one that led the rebuild
+// included, whether its entry was stored or not (here: too large for the
+// Cache's MaxValueBytes): its response must not keep the handler's
+// Content-Encoding (nor a digest of the gzip bytes) over the decoded body.
+func TestGzipAlwaysHandlerIdentityLeader(t *testing.T) {
+	stored, _ := newCache(t, nil)
+	small, _ := newCache(t, &herd.Options{MaxValueBytes: 1024})
+	body := strings.Repeat("precompressed ", 200)
+	for i := range 2000 {
+		body += strconv.Itoa(i * 7919 % 1000003) // gzip leaves this above 1 KiB
+	}
+	gz := gzipBytes([]byte(body), 6)
+	for _, rt := range secRouters {
+		for name, c := range map[string]*herd.Cache{"stored": stored, "unstored": small} {
+			t.Run(rt.name+"/"+name, func(t *testing.T) {
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					w.Header().Set("Content-Type", "text/plain")
+					w.Header().Set("Content-Encoding", "gzip")
+					w.Header().Set("Repr-Digest", "sha-256=:gzipbytes:")
+					w.Write(gz)
+				})
+				srv, cl := secServe(t, rt.build(New(c, nil), h))
+				url := srv.URL + "/gzalways/" + name
+				for i := range 2 {
+					a := secGet(t, cl, url)
+					if a.body != body || a.header.Get("Content-Encoding") != "" || a.header.Get("Repr-Digest") != "" {
+						t.Errorf("identity request %d: %v, Content-Encoding %q, Repr-Digest %q; want the decoded body without them", i, a, a.header.Get("Content-Encoding"), a.header.Get("Repr-Digest"))
+					}
+				}
+			})
+		}
+	}
+}

@@ -607,6 +607,12 @@ func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit
 // handler).
 func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status string, age time.Duration) {
 	dst := w.Header()
+	// The fields that describe the bytes are e's alone: a leader's header
+	// map holds what its handler set, which may describe another
+	// representation (a gzip body herd decoded for this client).
+	for _, f := range representationFields {
+		deleteAnyCase(dst, f)
+	}
 	for name, vs := range e.header {
 		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) {
 			continue // never replayed, even from an entry stored before this rule
@@ -641,6 +647,10 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		_, _ = w.Write(e.body)
 	}
 }
+
+// representationFields describe one representation's bytes: write sends
+// e's, never others left in the response's header map.
+var representationFields = append([]string{"Content-Encoding", "Etag"}, digestFields...)
 
 // conditionalHeaders are the request fields that make a handler answer
 // 304 or 412 instead of the representation (RFC 9110 §13.1). The request
