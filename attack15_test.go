@@ -5,6 +5,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/herdkit/herd/internal/redistest"
 )
 
 // TestFillPassFenced: a pass mark is written like a value, so a Pass by a
@@ -74,5 +76,32 @@ func TestFillPassFenced(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestLoadTooLargeCountedAlike: a loader's value above MaxValueBytes is
+// a failed load both in Stats and to the Observer (the Prometheus
+// adapter's loads_total): Stats counted a load error while the Observer
+// was told the load succeeded.
+func TestLoadTooLargeCountedAlike(t *testing.T) {
+	srv := redistest.Start(t)
+	co, obs := newCountingObserver()
+	c := newTestCache(t, srv.Client(t), &Options{Observer: obs, MaxValueBytes: 1024})
+	_, err := c.Get(context.Background(), "big", time.Minute, func(context.Context) ([]byte, error) {
+		return make([]byte, 2048), nil
+	})
+	if !errors.Is(err, ErrValueTooLarge) {
+		t.Fatalf("Get of a too large value: %v, want ErrValueTooLarge", err)
+	}
+	s := c.Stats()
+	var failed int
+	errs := co.loadErrs()
+	for _, e := range errs {
+		if e != nil && !errors.Is(e, ErrNotShared) && !errors.Is(e, ErrNotFound) {
+			failed++
+		}
+	}
+	if len(errs) != int(s.Loads+s.LocalLoads) || failed != int(s.LoadErrors) {
+		t.Errorf("Observer: %d loads, %d failed (%v); Stats: %d loads, %d load errors", len(errs), failed, errs, s.Loads+s.LocalLoads, s.LoadErrors)
 	}
 }
