@@ -299,3 +299,37 @@ func TestGzipAlwaysHandlerIdentityLeader(t *testing.T) {
 		}
 	}
 }
+
+// TestLateSetCookieNotStored: a Set-Cookie the handler adds after
+// WriteHeader, or after writing the body (net/http would not send it; a
+// handler that relies on that is still one that sets a cookie), keeps
+// the response out of the cache under IgnoreCookies: the next request
+// gets its own response, and never the cookie.
+func TestLateSetCookieNotStored(t *testing.T) {
+	c, _ := newCache(t, nil)
+	for _, rt := range secRouters {
+		for _, when := range []string{"after-writeheader", "after-write"} {
+			t.Run(rt.name+"/"+when, func(t *testing.T) {
+				var runs atomic.Int64
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					n := runs.Add(1)
+					if when == "after-writeheader" {
+						w.WriteHeader(http.StatusOK)
+						w.Header().Set("Set-Cookie", fmt.Sprintf("session=%d", n))
+						fmt.Fprintf(w, "page %d", n)
+						return
+					}
+					fmt.Fprintf(w, "page %d", n)
+					w.Header().Set("Set-Cookie", fmt.Sprintf("session=%d", n))
+				})
+				srv, cl := secServe(t, rt.build(New(c, &Options{IgnoreCookies: true}), h))
+				url := srv.URL + "/late/" + when
+				secGet(t, cl, url, "Cookie", "a=1")
+				b := secGet(t, cl, url)
+				if b.body == "page 1" || strings.Contains(b.header.Get("Set-Cookie"), "session=1") {
+					t.Errorf("second request: %v, Set-Cookie %q: the first response was shared", b, b.header.Get("Set-Cookie"))
+				}
+			})
+		}
+	}
+}

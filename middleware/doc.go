@@ -336,7 +336,10 @@
 // herd's [herd.Observer] (and the Prometheus adapter in
 // github.com/herdkit/herd/prometheus) sees the middleware's lookups as
 // any other Begin call: one lookup per request that reaches the cache
-// (two for a request that waited on a failed rebuild and asks again),
+// (two for a request that waited on a failed rebuild and asks again, and
+// for one that found a value it cannot serve and replaced it: the core
+// counts that first lookup as a hit, since only the middleware can tell
+// a stored value is no response),
 // with its outcome: hit, stale, leader (the request ran the handler for
 // everyone), follower (it waited for another request's response, in this
 // instance or another, whatever that response was) or pass (its URL's
