@@ -333,3 +333,27 @@ func TestLateSetCookieNotStored(t *testing.T) {
 		}
 	}
 }
+
+// TestCookieKeyNULName: PHP decodes a cookie name's %-escapes and then
+// reads it as a C string, up to its first NUL: "lang%00x=de" is lang=de
+// to it. Such a pair must be keyed, as %6Cang is.
+func TestCookieKeyNULName(t *testing.T) {
+	opt := &Options{KeyCookies: []string{"lang"}}
+	key := func(line string) string {
+		r := secNewReq(t, http.MethodGet, "http://k.test/p", nil)
+		r.RequestURI = "/p"
+		if line != "" {
+			r.Header.Set("Cookie", line)
+		}
+		return secKeyFor(t, opt, r)
+	}
+	plain := key("")
+	for _, line := range []string{"lang%00=de", "lang%00x=de", "x=1, lang%00=de"} {
+		if key(line) == plain {
+			t.Errorf("Cookie %q has the key of a request without lang", line)
+		}
+	}
+	if key("%00lang=de") != plain {
+		t.Errorf("Cookie %%00lang: keyed, though PHP reads an empty name")
+	}
+}

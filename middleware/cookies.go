@@ -61,7 +61,8 @@ func validCookieName(name string) bool {
 }
 
 // cookieFold is what a cookie name may be read as by some parser: trimmed
-// of spaces, percent-decoded as PHP decodes it ('+' as a space), then
+// of spaces, percent-decoded as PHP decodes it ('+' as a space, and cut
+// at a decoded NUL, where PHP's C string ends), then
 // folded as mergeName folds a query parameter (ASCII case, '.' and ' ' as
 // '_', nothing from '['). A request cookie whose name folds as a listed
 // one does is keyed, under its own raw name: Go's r.Cookie("lang") does
@@ -74,6 +75,9 @@ func cookieFold(name string) string {
 	name = strings.TrimSpace(name)
 	if strings.ContainsAny(name, "%+") {
 		if dec, err := url.QueryUnescape(name); err == nil {
+			if i := strings.IndexByte(dec, 0); i >= 0 {
+				dec = dec[:i] // PHP reads the decoded name up to its first NUL
+			}
 			name = strings.TrimSpace(dec)
 		}
 	}

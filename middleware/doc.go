@@ -194,22 +194,22 @@
 // instead to key the whole header).
 //
 // How the listed cookies are keyed. Names are case-sensitive, as for
-// [http.Request.Cookie]. Every pair of a listed cookie is keyed as
-// written (quotes and escapes in its value included), in the order the
-// request sends it, with the index of the Cookie field it came in (HTTP/1
-// clients send one; net/http joins HTTP/2's); the order of different
-// cookies does not matter. So a listed cookie that is absent, one with an
-// empty value (lang=), one without '=' (lang), a quoted one (lang="de")
-// and a repeated one (lang=de; lang=fr, which r.Cookie reads as de and
-// other parsers as fr) each have a key of their own. A cookie whose name
-// another parser could read as a listed one (Lang, LANG, %6Cang, "lang =",
+// [http.Request.Cookie]. Every pair of a listed cookie is keyed as written
+// (quotes and escapes in its value included), in the order the request
+// sends it, with the index of the Cookie field it came in (HTTP/1 clients
+// send one; net/http joins HTTP/2's); the order of different cookies does
+// not matter. So a listed cookie that is absent, one with an empty value
+// (lang=), one without '=' (lang), a quoted one (lang="de") and a repeated
+// one (lang=de; lang=fr, which r.Cookie reads as de and other parsers as
+// fr) each have a key of their own. A cookie whose name another parser
+// could read as a listed one (Lang, LANG, %6Cang, lang%00, "lang =",
 // lang[x] for lang: PHP and ASP.NET read some of these as lang) is keyed
 // too, under its own name, so it cannot poison the entry of the requests
 // without it; so is a pair that holds a listed name after a ',' or
 // whitespace (x=1, lang=de: Rack 2 and RFC 2965 parsers split on ',',
-// Python's http.cookies on spaces), which r.Cookie reads as one cookie x. [New] panics on a name that is not a token (RFC 6265), and
-// on KeyCookies with IgnoreCookies, with KeyFunc, or with Cookie in
-// KeyHeaders.
+// Python's http.cookies on spaces), which r.Cookie reads as one cookie x.
+// [New] panics on a name that is not a token (RFC 6265), and on KeyCookies
+// with IgnoreCookies, with KeyFunc, or with Cookie in KeyHeaders.
 //
 // # Hit-for-miss
 //
