@@ -320,13 +320,14 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	val, err := c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), exp)
 	delta := time.Since(start)
 	lease.finish()
+	if err == nil && len(val) > c.cfg.MaxValueBytes {
+		// A failed load, to the Observer as in Stats.
+		err = fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
+	}
 	c.stats.loads.Add(1)
 	c.sig.load(f.key, delta, err, true)
 	c.observeLoad(f, lease.token, delta, err)
 
-	if err == nil && len(val) > c.cfg.MaxValueBytes {
-		err = fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
-	}
 	notFound := errors.Is(err, ErrNotFound)
 	switch {
 	case err == nil:

@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
 )
@@ -32,7 +33,11 @@ func (h *handler) classKey(r *http.Request) string {
 		return ""
 	}
 	if len(class) > maxClassBytes {
-		class = class[:maxClassBytes]
+		n := maxClassBytes
+		for n > 0 && !utf8.RuneStart(class[n]) {
+			n-- // never inside a character: metrics labels must be UTF-8
+		}
+		class = class[:n]
 	}
 	var b strings.Builder
 	b.Grow(len(classPrefix) + len(class) + 4)

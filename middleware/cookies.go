@@ -61,7 +61,8 @@ func validCookieName(name string) bool {
 }
 
 // cookieFold is what a cookie name may be read as by some parser: trimmed
-// of spaces, percent-decoded as PHP decodes it ('+' as a space), then
+// of spaces, percent-decoded as PHP decodes it ('+' as a space, and cut
+// at a decoded NUL, where PHP's C string ends), then
 // folded as mergeName folds a query parameter (ASCII case, '.' and ' ' as
 // '_', nothing from '['). A request cookie whose name folds as a listed
 // one does is keyed, under its own raw name: Go's r.Cookie("lang") does
@@ -74,6 +75,9 @@ func cookieFold(name string) string {
 	name = strings.TrimSpace(name)
 	if strings.ContainsAny(name, "%+") {
 		if dec, err := url.QueryUnescape(name); err == nil {
+			if i := strings.IndexByte(dec, 0); i >= 0 {
+				dec = dec[:i] // PHP reads the decoded name up to its first NUL
+			}
 			name = strings.TrimSpace(dec)
 		}
 	}
@@ -93,7 +97,9 @@ func cookieFold(name string) string {
 // key; "lang" without '=' is a third key. The component is written even
 // when it holds no pair, and it is length-prefixed throughout, so the key
 // stays injective with forwardedKey after it. folds are the listed
-// names' cookieFold, sorted.
+// names' cookieFold, sorted. A pair that holds a listed name after a ','
+// or whitespace ("x=1, lang=de", "x=1 lang=de") is keyed too: see
+// listedInside.
 func cookieKey(r *http.Request, folds []string) string {
 	type pair struct {
 		fold, raw string
@@ -111,7 +117,11 @@ func cookieKey(r *http.Request, folds []string) string {
 			}
 			name, _, _ := strings.Cut(part, "=")
 			f := cookieFold(name)
-			if _, ok := slices.BinarySearch(folds, f); ok {
+			_, ok := slices.BinarySearch(folds, f)
+			if !ok {
+				f, ok = listedInside(part, folds)
+			}
+			if ok {
 				pairs = append(pairs, pair{f, part, field})
 				size += len(part) + 2*len(strconv.Itoa(len(part))) + 2
 			}
@@ -131,4 +141,32 @@ func cookieKey(r *http.Request, folds []string) string {
 		writeField(&b, p.raw)
 	}
 	return b.String()
+}
+
+// listedInside reports whether the cookie pair part holds, after a ',' or
+// whitespace, a name that folds as a listed one does, and returns that
+// fold. Parsers that split a Cookie header on more than ';' read such a
+// pair as two cookies: Rack 2 and RFC 2965 parsers split on ',', Python's
+// http.cookies on whitespace, so "x=1, lang=de" is lang=de to them while
+// r.Cookie reads one cookie x. It does not allocate for a pair without a
+// listed name.
+func listedInside(part string, folds []string) (string, bool) {
+	i := strings.IndexAny(part, ", \t")
+	for i >= 0 {
+		part = part[i+1:]
+		end := strings.IndexAny(part, ", \t")
+		seg := part
+		if end >= 0 {
+			seg = part[:end]
+		}
+		if name, _, _ := strings.Cut(seg, "="); name != "" {
+			if f := cookieFold(name); f != "" {
+				if _, ok := slices.BinarySearch(folds, f); ok {
+					return f, true
+				}
+			}
+		}
+		i = end
+	}
+	return "", false
 }

@@ -194,20 +194,22 @@
 // instead to key the whole header).
 //
 // How the listed cookies are keyed. Names are case-sensitive, as for
-// [http.Request.Cookie]. Every pair of a listed cookie is keyed as
-// written (quotes and escapes in its value included), in the order the
-// request sends it, with the index of the Cookie field it came in (HTTP/1
-// clients send one; net/http joins HTTP/2's); the order of different
-// cookies does not matter. So a listed cookie that is absent, one with an
-// empty value (lang=), one without '=' (lang), a quoted one (lang="de")
-// and a repeated one (lang=de; lang=fr, which r.Cookie reads as de and
-// other parsers as fr) each have a key of their own. A cookie whose name
-// another parser could read as a listed one (Lang, LANG, %6Cang, "lang =",
+// [http.Request.Cookie]. Every pair of a listed cookie is keyed as written
+// (quotes and escapes in its value included), in the order the request
+// sends it, with the index of the Cookie field it came in (HTTP/1 clients
+// send one; net/http joins HTTP/2's); the order of different cookies does
+// not matter. So a listed cookie that is absent, one with an empty value
+// (lang=), one without '=' (lang), a quoted one (lang="de") and a repeated
+// one (lang=de; lang=fr, which r.Cookie reads as de and other parsers as
+// fr) each have a key of their own. A cookie whose name another parser
+// could read as a listed one (Lang, LANG, %6Cang, lang%00, "lang =",
 // lang[x] for lang: PHP and ASP.NET read some of these as lang) is keyed
 // too, under its own name, so it cannot poison the entry of the requests
-// without it. [New] panics on a name that is not a token (RFC 6265), and
-// on KeyCookies with IgnoreCookies, with KeyFunc, or with Cookie in
-// KeyHeaders.
+// without it; so is a pair that holds a listed name after a ',' or
+// whitespace (x=1, lang=de: Rack 2 and RFC 2965 parsers split on ',',
+// Python's http.cookies on spaces), which r.Cookie reads as one cookie x.
+// [New] panics on a name that is not a token (RFC 6265), and on KeyCookies
+// with IgnoreCookies, with KeyFunc, or with Cookie in KeyHeaders.
 //
 // # Hit-for-miss
 //
@@ -350,7 +352,8 @@
 // recoded body.
 //
 // A stored value that herd cannot serve is not bypassed until it
-// expires. That covers another writer's value, corrupt bytes, and a gzip
+// expires. That covers another writer's value (a negative entry of a
+// Cache.Get whose loader said ErrNotFound too), corrupt bytes, and a gzip
 // body that does not decode within MaxBodyBytes (a gzip bomb; only a
 // client without gzip finds that out, since a gzip client gets the
 // stored bytes as they are). The first request that finds it deletes it with [herd.Cache.Invalidate], which
@@ -365,7 +368,10 @@
 // herd's [herd.Observer] (and the Prometheus adapter in
 // github.com/herdkit/herd/prometheus) sees the middleware's lookups as
 // any other Begin call: one lookup per request that reaches the cache
-// (two for a request that waited on a failed rebuild and asks again),
+// (two for a request that waited on a failed rebuild and asks again, and
+// for one that found a value it cannot serve and replaced it: the core
+// counts that first lookup as a hit, since only the middleware can tell
+// a stored value is no response),
 // with its outcome: hit, stale, leader (the request ran the handler for
 // everyone), follower (it waited for another request's response, in this
 // instance or another, whatever that response was) or pass (its URL's

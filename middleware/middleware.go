@@ -74,7 +74,8 @@ type Options struct {
 	// cookie that is absent, present with an empty value, or repeated
 	// (every value is keyed, in order) makes a key of its own, and so
 	// does a cookie whose name a lenient parser could read as a listed
-	// one (Lang, %6Cang, "lang =" for lang). Authorization and the other
+	// one (Lang, %6Cang, "lang =" for lang, or lang after a ',' or a
+	// space inside another pair: "x=1, lang=de"). Authorization and the other
 	// credentials still bypass (see AllowAuthorized). A response that
 	// says Vary: Cookie is not stored (the key holds the listed cookies,
 	// not the Cookie header). See "Cookies" in the package documentation.
@@ -432,6 +433,18 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.log(slog.LevelWarn, "herd/middleware: the response failed twice; answering with ErrorHandler", "key", key, "err", err)
 			h.cfg.ErrorHandler(w, r, err)
 			return
+		case errors.Is(err, herd.ErrNotFound) && !replaced:
+			// A negative entry: the middleware never writes one, so it is
+			// another writer's value (a Cache.Get whose loader said
+			// ErrNotFound), replaced as a corrupt value is rather than
+			// bypassed until it expires.
+			if h.replaceCorrupt(ctx, key, err) {
+				replaced = true
+				continue
+			}
+			w.Header().Set("Cache-Status", statusBypass)
+			h.next.ServeHTTP(w, r)
+			return
 		case errors.Is(err, herd.ErrPass):
 			// The URL's hit-for-miss mark: no response of it is shared
 			// now, so nobody waits for anybody.
@@ -602,6 +615,12 @@ func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit
 // handler).
 func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status string, age time.Duration) {
 	dst := w.Header()
+	// The fields that describe the bytes are e's alone: a leader's header
+	// map holds what its handler set, which may describe another
+	// representation (a gzip body herd decoded for this client).
+	for _, f := range representationFields {
+		deleteAnyCase(dst, f)
+	}
 	for name, vs := range e.header {
 		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) {
 			continue // never replayed, even from an entry stored before this rule
@@ -639,6 +658,10 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		_, _ = w.Write(e.body)
 	}
 }
+
+// representationFields describe one representation's bytes: write sends
+// e's, never others left in the response's header map.
+var representationFields = append([]string{"Content-Encoding", "Etag"}, digestFields...)
 
 // conditionalHeaders are the request fields that make a handler answer
 // 304 or 412 instead of the representation (RFC 9110 §13.1). The request
@@ -713,6 +736,10 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		var why string
 		if p, why = h.pack(e); why != "" {
 			v = verdict{why: why, mark: true} // the response's own encoding: the URL's
+		} else if s, err := h.variant(r, p.stored, p.plain); err == nil {
+			// What a hit would serve this client, stored or not: each
+			// representation with its own ETag.
+			e = s
 		}
 	}
 	if v.ttl > 0 && fill.Leased() && len(tags) > 0 {
@@ -732,9 +759,6 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 			h.log(slog.LevelWarn, "herd/middleware: response not stored", "err", err)
 			h.write(w, r, e, statusMiss, 0)
 			return
-		}
-		if s, err := h.variant(r, p.stored, p.plain); err == nil {
-			e = s // what a hit would serve this client
 		}
 		h.write(w, r, e, statusStored, 0)
 		return

@@ -2,7 +2,9 @@ package prometheus
 
 import (
 	"net/http"
+	"strings"
 	"sync"
+	"unicode/utf8"
 
 	prom "github.com/prometheus/client_golang/prometheus"
 )
@@ -37,6 +39,9 @@ func NewBypassCounter(reg prom.Registerer, opt *Options) func(r *http.Request, r
 		reasons = map[string]prom.Counter{}
 	)
 	return func(_ *http.Request, reason string) {
+		if !utf8.ValidString(reason) {
+			reason = strings.ToValidUTF8(reason, "\uFFFD") // a label value must be UTF-8
+		}
 		mu.Lock()
 		c, ok := reasons[reason]
 		if !ok {

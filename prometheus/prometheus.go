@@ -50,8 +50,10 @@ package prometheus
 
 import (
 	"errors"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/herdkit/herd"
 	prom "github.com/prometheus/client_golang/prometheus"
@@ -154,10 +156,17 @@ type metrics struct {
 	maxClasses int
 }
 
-// class bounds the class label's values.
+// class bounds the class label's values. A class that is not UTF-8 (a
+// KeyClass that cut a name inside a character, or returned raw request
+// bytes) gets U+FFFD for its invalid bytes: Prometheus rejects such a
+// label value, and WithLabelValues would panic, in whatever goroutine
+// reported it.
 func (m *metrics) class(c string) string {
 	if c == "" {
 		return "default"
+	}
+	if !utf8.ValidString(c) {
+		c = strings.ToValidUTF8(c, "\uFFFD")
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
