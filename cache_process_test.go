@@ -1249,6 +1249,25 @@ func cacheKillWorker(ctx context.Context, _ string) error {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
+			// Redis answers, but this process's breaker may still be open
+			// from a failure late in wave 1 (a commit that met the kill),
+			// and it closes only when a call probes Redis: wave 2 must not
+			// start before, or its callers would load locally (a second
+			// load of the wave, for a reason the test did not set up).
+			// Probe with a key of this process's own until a Get goes
+			// through Redis.
+			probe := w.key("probe", strconv.Itoa(w.inst))
+			for {
+				var o Outcome
+				_, err := c.Get(WithOutcome(ctx, &o), probe, cpValueTTL, func(context.Context) ([]byte, error) { return []byte("probe"), nil })
+				if err == nil && o != OutcomeFallback {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("the Cache did not reach Redis within %v of wave 1 (last: %v, %v)", cpBarrierTimeout, o, err)
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
 		}
 	}
 	rep.Stats, rep.Log = c.Stats(), clog.get()
