@@ -550,6 +550,9 @@ func (c *Cache) scanTags(ctx context.Context, tags []string, g string) (map[stri
 			}
 		}
 		active = next
+		if c.tagHooks != nil && c.tagHooks.paged != nil && len(active) > 0 {
+			c.tagHooks.paged(page)
+		}
 	}
 	return members, nil
 }
@@ -578,4 +581,5 @@ type tagHooks struct {
 	indexed func(key string, purged bool, err error) // after a rebuild's TAGADDs, before its COMMIT
 	bumped  func()                                   // after a purge raised G, before it reads the indexes
 	scanned func(keys int)                           // after a purge read the indexes, before it invalidates
+	paged   func(page int)                           // after a page of a purge's scan, when another follows
 }

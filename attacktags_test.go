@@ -1,0 +1,75 @@
+package herd
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// fakeTagged writes n keys straight into Redis as if SetTagged had stored
+// them with tag: a value key each (INVALIDATE deletes whatever is there)
+// and a live member each in the tag's index. It returns their hash tags.
+func fakeTagged(t *testing.T, rdb redis.UniversalClient, prefix, tag string, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	tk := makeTagKeys(prefix, tag)
+	score := float64(time.Now().Add(time.Hour).UnixMilli())
+	hashes := make([]string, n)
+	pipe := rdb.Pipeline()
+	for i := range n {
+		h := mustHash(t, fmt.Sprintf("key-%d", i))
+		hashes[i] = h
+		pipe.Set(ctx, familyOf(prefix, h).value, "v", time.Hour)
+		pipe.ZAdd(ctx, tk.index, redis.Z{Score: score, Member: h})
+	}
+	pipe.PExpire(ctx, tk.index, 2*time.Hour)
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return hashes
+}
+
+// TestAttackTagPurgeAcrossFailover: a purge of a tag whose index needs
+// more than one page, when the master fails over (to a replica that has
+// every write: nothing acknowledged is lost) between two pages. The
+// replica is another process, with its own hash seed: a ZSCAN cursor of
+// the old master means nothing to it, and the purge used to go on with
+// it, skipping members, and return nil with their values still stored.
+func TestAttackTagPurgeAcrossFailover(t *testing.T) {
+	ctx := context.Background()
+	p := startReplicated(t)
+	ac, target := switchable(t, p.master.Addr())
+	const prefix = "atk"
+	c := New(ac, &Options{Prefix: prefix, ReplicaAcks: 1})
+	defer c.Close()
+	hashes := fakeTagged(t, p.m, prefix, "big", 5000)
+	p.sync(t)
+	c.tagHooks = &tagHooks{paged: func(page int) {
+		if page != 0 {
+			return
+		}
+		p.sync(t)
+		p.cut(t)
+		p.promote(t)
+		s := p.replica.Addr()
+		target.Store(&s)
+		p.master.Kill(t)
+	}}
+	if err := c.InvalidateTag(ctx, "big"); err != nil {
+		t.Fatalf("InvalidateTag: %v", err)
+	}
+	left := 0
+	for _, h := range hashes {
+		n, err := p.r.Exists(ctx, familyOf(prefix, h).value).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		left += int(n)
+	}
+	if left > 0 {
+		t.Errorf("InvalidateTag returned nil, but %d of %d tagged values are still stored on the new master", left, len(hashes))
+	}
+}
