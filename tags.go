@@ -89,10 +89,13 @@ const (
 	// a tag remembers its last purge, is twice that (clock rates differ).
 	tagWindow = time.Minute
 	purgedTTL = 2 * tagWindow
-	// purgePage is the ZSCAN count of one page of a purge.
+	// purgePage is the size of one page of a purge (tagpurge.lua): pages
+	// go in score order, so that a failover or a restart between two of
+	// them skips no member, as a ZSCAN cursor would on another server.
 	purgePage = 1000
 	// maxPurgePages bounds the pages of one tag's purge (an index holds
-	// at most maxTagEntries members; ZSCAN may return some twice).
+	// at most maxTagEntries members; one whose score is raised during the
+	// purge may come again).
 	maxPurgePages = 4*maxTagEntries/purgePage + 16
 	// maxTagEntries bounds Options.MaxTagEntries.
 	maxTagEntries = 10_000_000
