@@ -176,7 +176,11 @@
 // rebuilt since without that tag: purges err on the side of too many.
 // The guarantee holds while Redis keeps its writes: a failover that loses
 // acknowledged writes (see [Options.ReplicaAcks]) or a Ring that moves a
-// tag's index to another shard can lose index entries.
+// tag's index to another shard can lose index entries, and so can
+// eviction: under a maxmemory-policy other than noeviction, Redis may
+// evict a tag's index (a purge then misses its values) or its memory of
+// a purge (a rebuild from before it is then stored). Fences survive
+// eviction; tags do not.
 //
 // # Tuning
 //

@@ -89,10 +89,13 @@ const (
 	// a tag remembers its last purge, is twice that (clock rates differ).
 	tagWindow = time.Minute
 	purgedTTL = 2 * tagWindow
-	// purgePage is the ZSCAN count of one page of a purge.
+	// purgePage is the size of one page of a purge (tagpurge.lua): pages
+	// go in score order, so that a failover or a restart between two of
+	// them skips no member, as a ZSCAN cursor would on another server.
 	purgePage = 1000
 	// maxPurgePages bounds the pages of one tag's purge (an index holds
-	// at most maxTagEntries members; ZSCAN may return some twice).
+	// at most maxTagEntries members; one whose score is raised during the
+	// purge may come again).
 	maxPurgePages = 4*maxTagEntries/purgePage + 16
 	// maxTagEntries bounds Options.MaxTagEntries.
 	maxTagEntries = 10_000_000
@@ -550,6 +553,9 @@ func (c *Cache) scanTags(ctx context.Context, tags []string, g string) (map[stri
 			}
 		}
 		active = next
+		if c.tagHooks != nil && c.tagHooks.paged != nil && len(active) > 0 {
+			c.tagHooks.paged(page)
+		}
 	}
 	return members, nil
 }
@@ -578,4 +584,5 @@ type tagHooks struct {
 	indexed func(key string, purged bool, err error) // after a rebuild's TAGADDs, before its COMMIT
 	bumped  func()                                   // after a purge raised G, before it reads the indexes
 	scanned func(keys int)                           // after a purge read the indexes, before it invalidates
+	paged   func(page int)                           // after a page of a purge's scan, when another follows
 }
