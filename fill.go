@@ -455,12 +455,8 @@ func (fl *Fill) countLoad(cause error) {
 	} else {
 		c.stats.localLoads.Add(1)
 	}
-	switch {
-	case cause == nil, errors.Is(cause, ErrClosed):
-	case errors.Is(cause, ErrNotShared):
-		c.stats.notShared.Add(1)
-	default:
-		c.stats.loadErrors.Add(1)
+	if cause != nil && !errors.Is(cause, ErrClosed) {
+		c.countFailedLoad(cause)
 	}
 }
 

@@ -299,6 +299,16 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 }
 
 // passError is what Begin returns for a key that carries a pass mark.
+// countFailedLoad counts a load that gave no value: a value not for
+// sharing (ErrNotShared) is no failure and is counted apart.
+func (c *Cache) countFailedLoad(err error) {
+	if errors.Is(err, ErrNotShared) {
+		c.stats.notShared.Add(1)
+	} else {
+		c.stats.loadErrors.Add(1)
+	}
+}
+
 func passError(key string) error {
 	return fmt.Errorf("%w: %q: %w", ErrNotShared, key, ErrPass)
 }
@@ -357,11 +367,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 		kind = failPanic
 	}
 	if !notFound {
-		if errors.Is(err, ErrNotShared) {
-			c.stats.notShared.Add(1) // a refresh whose value is not for sharing: no failure
-		} else {
-			c.stats.loadErrors.Add(1)
-		}
+		c.countFailedLoad(err)
 		err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
 	}
 	msg := failMessage(kind, lease, err.Error())
@@ -745,11 +751,7 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 	case errors.Is(err, ErrNotFound):
 		return nil, ErrNotFound
 	case err != nil:
-		if errors.Is(err, ErrNotShared) {
-			c.stats.notShared.Add(1) // as in lead: no failure
-		} else {
-			c.stats.loadErrors.Add(1)
-		}
+		c.countFailedLoad(err)
 		return nil, fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
 	}
 	return val, nil
