@@ -5,7 +5,6 @@ package middleware
 // that the parent test runs, not in the Redis under test.
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -295,35 +294,8 @@ func xpCookieServer() error {
 		r.ServeHTTP(w, req)
 	})
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
+	return serveUntilStopped(counted, limit, func(addr net.Addr) error {
+		_, err := fmt.Printf("listening %d %s\n", inst, addr)
 		return err
-	}
-	hs := &http.Server{Handler: counted, ReadHeaderTimeout: 10 * time.Second}
-	served := make(chan error, 1)
-	go func() { served <- hs.Serve(ln) }()
-	fmt.Printf("listening %d %s\n", inst, ln.Addr())
-
-	// Serve until the parent closes stdin (or dies), or the deadline.
-	stop := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		close(stop)
-	}()
-	timer := time.NewTimer(limit)
-	defer timer.Stop()
-	var result error
-	select {
-	case <-stop:
-	case <-timer.C:
-		result = fmt.Errorf("not told to stop within %v", limit)
-	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		result = errors.Join(result, fmt.Errorf("shutdown: %w", err))
-	}
-	return result
+	})
 }

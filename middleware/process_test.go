@@ -415,19 +415,29 @@ func xpChiServer() error {
 		fmt.Fprintf(w, "built by pid %d for %s\n", pid, chi.URLParam(r, "id"))
 	})
 
+	return serveUntilStopped(r, limit, func(addr net.Addr) error {
+		if err := rdb.RPush(ctx, run+":addrs", fmt.Sprintf("%d %d %s", inst, pid, addr)).Err(); err != nil {
+			return fmt.Errorf("announce: %w", err)
+		}
+		return nil
+	})
+}
+
+// serveUntilStopped serves h on a loopback port, tells the parent where
+// (announce; an error closes the server), and serves until the parent
+// closes stdin (or dies), or limit passes.
+func serveUntilStopped(h http.Handler, limit time.Duration, announce func(net.Addr) error) error {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	hs := &http.Server{Handler: r, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	served := make(chan error, 1)
 	go func() { served <- hs.Serve(ln) }()
-	if err := rdb.RPush(ctx, run+":addrs", fmt.Sprintf("%d %d %s", inst, pid, ln.Addr())).Err(); err != nil {
+	if err := announce(ln.Addr()); err != nil {
 		_ = hs.Close()
-		return fmt.Errorf("announce: %w", err)
+		return err
 	}
-
-	// Serve until the parent closes stdin (or dies), or the deadline.
 	stop := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(io.Discard, os.Stdin)
@@ -443,7 +453,7 @@ func xpChiServer() error {
 	case err := <-served:
 		return fmt.Errorf("serve: %w", err)
 	}
-	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
 		result = errors.Join(result, fmt.Errorf("shutdown: %w", err))
