@@ -285,8 +285,14 @@ func testXFetchOneLoadPerExpiry(t *testing.T, b backend) {
 	ctx := context.Background()
 	key := testKey(t)
 	var loads atomic.Int64
+	// The refresh holds until every read has returned: with β this large a
+	// value is due again as soon as it is written, so a read that came
+	// after the refresh's commit would rightly start a second one.
+	readsDone := make(chan struct{})
 	load := func(context.Context) ([]byte, error) {
-		loads.Add(1)
+		if loads.Add(1) > 1 {
+			<-readsDone
+		}
 		time.Sleep(5 * time.Millisecond) // a measurable Δ
 		return []byte("v"), nil
 	}
@@ -311,6 +317,7 @@ func testXFetchOneLoadPerExpiry(t *testing.T, b backend) {
 		}
 	}
 	wg.Wait()
+	close(readsDone)
 	waitFor(t, 5*time.Second, "the early refresh", func() bool { return loads.Load() == 2 })
 	waitFor(t, 5*time.Second, "refreshes to settle", func() bool {
 		var busy int
