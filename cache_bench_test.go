@@ -45,6 +45,18 @@ func BenchmarkHit(b *testing.B) {
 			}
 		}
 	})
+	b.Run("CacheGetCancellable", func(b *testing.B) {
+		// A ctx that can end: the GET runs in a goroutine of its own so
+		// that the caller can leave at once.
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := c.Get(ctx, "hit", time.Hour, fail); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("RawGETParallel", func(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
@@ -57,6 +69,19 @@ func BenchmarkHit(b *testing.B) {
 		})
 	})
 	b.Run("CacheGetParallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := c.Get(ctx, "hit", time.Hour, fail); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("CacheGetCancellableParallel", func(b *testing.B) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
@@ -107,4 +132,71 @@ func BenchmarkMissStorm(b *testing.B) {
 		wg.Wait()
 	}
 	b.ReportMetric(float64(loads.Load())/float64(wave), "loads/op")
+}
+
+// BenchmarkHitRatio times a raw go-redis GET and a Cache hit alternately,
+// op by op, so that the load of a shared machine weighs on both alike.
+// ratio is herd's hit throughput over the raw GET's (1 is parity);
+// raw-ns/op and herd-ns/op are the two means. "Cancellable" uses a ctx
+// that can end (the hit's GET then runs in a goroutine of its own).
+func BenchmarkHitRatio(b *testing.B) {
+	srv := redistest.Start(b)
+	rdb := srv.Client(b)
+	c := newTestCache(b, rdb, nil)
+	bg := context.Background()
+	payload := make([]byte, 512)
+	if err := c.Set(bg, "hit", payload, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	if err := rdb.Set(bg, "raw", (&envelope{payload: payload}).encode(), time.Hour).Err(); err != nil {
+		b.Fatal(err)
+	}
+	fail := func(context.Context) ([]byte, error) { panic("a hit called the loader") }
+	cctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	pair := func(ctx context.Context, raw, hit *atomic.Int64) error {
+		t0 := time.Now()
+		if _, err := rdb.Get(ctx, "raw").Bytes(); err != nil {
+			return err
+		}
+		t1 := time.Now()
+		if _, err := c.Get(ctx, "hit", time.Hour, fail); err != nil {
+			return err
+		}
+		raw.Add(int64(t1.Sub(t0)))
+		hit.Add(int64(time.Since(t1)))
+		return nil
+	}
+	report := func(b *testing.B, raw, hit *atomic.Int64) {
+		n := float64(b.N)
+		b.ReportMetric(float64(raw.Load())/n, "raw-ns/op")
+		b.ReportMetric(float64(hit.Load())/n, "herd-ns/op")
+		b.ReportMetric(float64(raw.Load())/float64(hit.Load()), "ratio")
+	}
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+	}{{"Background", bg}, {"Cancellable", cctx}} {
+		b.Run(tc.name, func(b *testing.B) {
+			var raw, hit atomic.Int64
+			for b.Loop() {
+				if err := pair(tc.ctx, &raw, &hit); err != nil {
+					b.Fatal(err)
+				}
+			}
+			report(b, &raw, &hit)
+		})
+		b.Run(tc.name+"Parallel", func(b *testing.B) {
+			var raw, hit atomic.Int64
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := pair(tc.ctx, &raw, &hit); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			report(b, &raw, &hit)
+		})
+	}
 }

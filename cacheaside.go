@@ -66,11 +66,12 @@ type Cache struct {
 
 	masterReads bool // rdb may route GET to a replica: read values with getScript
 
-	ctx    context.Context // ends on Close; parent of all shared work
-	cancel context.CancelFunc
-	mu     sync.RWMutex // guards closed against flights starting
-	closed bool
-	wg     sync.WaitGroup // running flights and background refreshes
+	ctx     context.Context // ends on Close; parent of all shared work
+	cancel  context.CancelFunc
+	mu      sync.RWMutex // guards closed against flights starting
+	closed  bool
+	closing atomic.Bool    // closed, for the hit path (which takes no lock)
+	wg      sync.WaitGroup // running flights and background refreshes
 
 	fillMu sync.Mutex
 	fills  map[string]*localFill // Begin's fills running in this process, by key
@@ -157,7 +158,11 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 // ttl under a millisecond or over 50 years ([ErrInvalidTTL]: herd does not
 // coalesce without storing), a nil load ([ErrNilLoader]) or a closed Cache
 // ([ErrClosed]). It returns ctx.Err() when ctx
-// ends first; the rebuild goes on for the other callers. A loader error
+// ends first; the rebuild goes on for the other callers. The GET of a
+// hit is sent with ctx, in the caller's goroutine, so go-redis bounds it
+// by the client's ReadTimeout and WriteTimeout (and by ctx's deadline
+// with ContextTimeoutEnabled); a cancellation takes effect once that GET
+// returns. A loader error
 // or panic reaches every caller of that rebuild wrapped in
 // [ErrLoadFailed]; [ErrNotFound] from the loader is returned as is and
 // remembered for [Options.NegativeTTL]. A value over
@@ -171,8 +176,14 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	if err := checkTTL(ttl); err != nil {
 		return nil, err
 	}
-	keys, err := makeKeys(c.cfg.Prefix, key)
+	vkey, err := valueKey(c.cfg.Prefix, key)
 	if err != nil {
+		return nil, err
+	}
+	if c.closing.Load() {
+		return nil, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	// A caller that joins a flight whose answer may predate a write it
@@ -180,6 +191,11 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// That flight starts after this caller joined, so its answer is
 	// current for it: one more round at most.
 	joined, writes := time.Now(), c.writesOf(key)
+	val, err, done, pre := c.hit(ctx, key, vkey)
+	if done {
+		return val, err
+	}
+	keys, _ := makeKeys(c.cfg.Prefix, key)
 	for round := 0; ; round++ {
 		ch := c.group.DoChan(key, func() (any, error) {
 			c.mu.RLock()
@@ -190,7 +206,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			c.wg.Add(1)
 			c.mu.RUnlock()
 			defer c.wg.Done()
-			f := &flight{key: key, keys: keys, ttl: ttl, load: load, refresh: load}
+			f := &flight{key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre}
 			val, err := c.run(f)
 			return &flightResult{val: val, outcome: f.outcome, cur: f.cur}, err
 		})
@@ -399,6 +415,7 @@ func (c *Cache) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.closing.Store(true)
 	c.mu.Unlock()
 	c.abortOpenFills()
 	c.cancel()
@@ -467,8 +484,10 @@ func (c *Cache) log(level slog.Level, msg string, args ...any) {
 // Stats are a Cache's counters. Every field counts events since New.
 //
 // The lookup counters (Hits, NegativeHits, StaleServed, Passes, Misses)
-// count flights: concurrent Get callers of a key in one process share one,
-// while each [Cache.Begin] call is its own. A follower that finds the
+// count lookups: each Get that finds a fresh value (or negative entry) is
+// one, since each sends its own GET; past that, concurrent Get callers of
+// a key in one process share one flight, which counts once, while each
+// [Cache.Begin] call is its own. A follower that finds the
 // rebuilt value counts as a follow, not as a hit. Loads and LocalLoads
 // count every run of a loader or [Fill], whatever its result; LoadErrors
 // and NotShared count some of them.

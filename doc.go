@@ -8,8 +8,9 @@
 // new value the moment it is written, by notification rather than polling.
 //
 // Two tiers do it: a local single-flight, so each process sends at most
-// one request per key to Redis, and a short lease in Redis per key, so one
-// process in the cluster rebuilds. The lease length is calibrated from the
+// one rebuild of a key to Redis at a time, and a short lease in Redis per
+// key, so one process in the cluster rebuilds. A hit costs what a plain
+// GET costs. The lease length is calibrated from the
 // measured rebuild time and renewed by a watchdog while the rebuild runs.
 //
 // # Cache-aside
@@ -25,7 +26,12 @@
 //		return db.LoadUser(ctx, 42)
 //	})
 //
-// [Cache.Get] reads the key with one GET. On a miss it takes the key's
+// [Cache.Get] reads the key with one GET, sent from the caller's
+// goroutine: a fresh value is the answer, with no hand-off to another
+// goroutine. Each caller sends its own GET (a reply another caller asked
+// for earlier could predate a write: see read-your-writes below), so
+// hits cost what plain GETs cost; the callers of a key in a process share
+// one flight from the miss on. On a miss it takes the key's
 // lease (one script); the winner, the leader, runs the loader and then one
 // script writes the value if the leader's fence is still current,
 // publishes the wake-up (carrying the value when it is small) and releases

@@ -60,6 +60,10 @@ type flight struct {
 	// gen is the purge generation read with the ACQUIRE of the lease the
 	// flight holds, before its load began (see tags.go).
 	gen generation
+
+	// pre is the read of the Get that started the flight (see hit.go):
+	// the flight starts from it instead of reading again.
+	pre *preRead
 }
 
 // currency says which callers of a flight its answer may go to: only
@@ -140,7 +144,14 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 	if !c.brk.allow() {
 		return c.redisDown(f, errBreakerOpen)
 	}
-	env, ok, err := c.read(f)
+	var env envelope
+	var ok bool
+	if pre := f.pre; pre != nil {
+		// The caller that started the flight has just read the key.
+		f.seen, env, ok, err = pre.sent, pre.env, pre.ok, pre.err
+	} else {
+		env, ok, err = c.read(f)
+	}
 	if err != nil {
 		return c.redisDown(f, err)
 	}
@@ -230,9 +241,7 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 	}
 	env, ok = decodeEnvelope(b)
 	if !ok {
-		c.stats.corrupt.Add(1)
-		c.sig.corrupt(f.key)
-		c.log(slog.LevelWarn, "herd: value in Redis is not an intact envelope; treating it as a miss", "key", f.key, "bytes", len(b))
+		c.countCorrupt(f.key, len(b))
 	}
 	return env, ok, nil
 }
