@@ -253,6 +253,8 @@ type manyKey struct {
 // prepare drops duplicates and fails invalid keys.
 func (m *manyCall) prepare(keys []string) {
 	seen := make(map[string]struct{}, len(keys))
+	all := make([]manyKey, len(keys)) // one allocation for every key
+	m.todo = make([]*manyKey, 0, len(keys))
 	for _, k := range keys {
 		if _, dup := seen[k]; dup {
 			continue
@@ -263,7 +265,9 @@ func (m *manyCall) prepare(keys []string) {
 			m.fail(k, err)
 			continue
 		}
-		m.todo = append(m.todo, &manyKey{key: k, keys: fam, writes: m.c.writesOf(k)})
+		mk := &all[len(m.todo)]
+		*mk = manyKey{key: k, keys: fam, writes: m.c.writesOf(k)}
+		m.todo = append(m.todo, mk)
 	}
 }
 
@@ -289,8 +293,15 @@ func (m *manyCall) fail(key string, err error) {
 // newFlight returns a flight of k. A takeover, a fallback or a refresh
 // of the key loads it alone.
 func (m *manyCall) newFlight(k *manyKey) *flight {
+	f := new(flight)
+	m.initFlight(f, k)
+	return f
+}
+
+// initFlight makes f a new flight of k (see newFlight).
+func (m *manyCall) initFlight(f *flight, k *manyKey) {
 	one := m.load.one(k.key)
-	return &flight{key: k.key, keys: k.keys, ttl: m.ttl, load: one, refresh: one}
+	*f = flight{key: k.key, keys: k.keys, ttl: m.ttl, load: one, refresh: one}
 }
 
 // one is load for a single key: what a flight of that key alone calls.
@@ -352,6 +363,7 @@ func (m *manyCall) read(ctx context.Context) {
 		return
 	}
 	todo := m.todo[:0]
+	flights := make([]flight, len(m.todo)) // one allocation for the hits' flights
 	for i, k := range m.todo {
 		r := replies[i]
 		if r.err != nil {
@@ -369,7 +381,8 @@ func (m *manyCall) read(ctx context.Context) {
 			todo = append(todo, k)
 			continue
 		}
-		f := m.newFlight(k)
+		f := &flights[i]
+		m.initFlight(f, k)
 		f.seen = sent
 		if v, err, done := c.served(f, env); done {
 			c.sig.lookup(k.key, f.outcome)
