@@ -14,7 +14,7 @@ import (
 )
 
 // The two-tier flight. Get puts the callers of a key in one process into
-// one flight (singleflight.DoChan; each caller leaves on its own context).
+// one flight (flightGroup.DoChan; each caller leaves on its own context).
 // The flight reads the value, and on a miss takes the key's lease: the
 // winner leads (loads and commits), the others follow (wait for the
 // leader's wake-up message). Everything here runs detached from callers,
