@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"runtime/debug"
 	"slices"
@@ -244,10 +243,11 @@ type manyCall struct {
 // manyKey is one key of a GetMany.
 type manyKey struct {
 	key    string
-	keys   keyFamily
-	writes uint64 // the key's local write count when the call began
-	down   error  // its value could not be read: Redis is unreachable
-	done   bool   // answered
+	vkey   string    // its value's Redis name
+	keys   keyFamily // its Redis names, once it needs a flight (see family)
+	writes uint64    // the key's local write count when the call began
+	down   error     // its value could not be read: Redis is unreachable
+	done   bool      // answered
 }
 
 // prepare drops duplicates and fails invalid keys.
@@ -260,13 +260,13 @@ func (m *manyCall) prepare(keys []string) {
 			continue
 		}
 		seen[k] = struct{}{}
-		fam, err := makeKeys(m.c.cfg.Prefix, k)
+		vkey, err := valueKey(m.c.cfg.Prefix, k)
 		if err != nil {
 			m.fail(k, err)
 			continue
 		}
 		mk := &all[len(m.todo)]
-		*mk = manyKey{key: k, keys: fam, writes: m.c.writesOf(k)}
+		*mk = manyKey{key: k, vkey: vkey, writes: m.c.writesOf(k)}
 		m.todo = append(m.todo, mk)
 	}
 }
@@ -300,6 +300,9 @@ func (m *manyCall) newFlight(k *manyKey) *flight {
 
 // initFlight makes f a new flight of k (see newFlight).
 func (m *manyCall) initFlight(f *flight, k *manyKey) {
+	if k.keys.value == "" {
+		k.keys, _ = makeKeys(m.c.cfg.Prefix, k.key) // valid: prepare checked it
+	}
 	one := m.load.one(k.key)
 	*f = flight{key: k.key, keys: k.keys, ttl: m.ttl, load: one, refresh: one}
 }
@@ -347,7 +350,7 @@ func (m *manyCall) read(ctx context.Context) {
 	}
 	names := make([]string, len(m.todo))
 	for i, k := range m.todo {
-		names[i] = k.keys.value
+		names[i] = k.vkey
 	}
 	sent := time.Now()
 	replies, err := leaveOnDone(ctx, c.track, func() ([]readReply, error) {
@@ -363,7 +366,6 @@ func (m *manyCall) read(ctx context.Context) {
 		return
 	}
 	todo := m.todo[:0]
-	flights := make([]flight, len(m.todo)) // one allocation for the hits' flights
 	for i, k := range m.todo {
 		r := replies[i]
 		if r.err != nil {
@@ -375,14 +377,21 @@ func (m *manyCall) read(ctx context.Context) {
 		}
 		env, ok := decodeEnvelope(r.b)
 		if !ok {
-			c.stats.corrupt.Add(1)
-			c.sig.corrupt(k.key)
-			c.log(slog.LevelWarn, "herd: value in Redis is not an intact envelope; treating it as a miss", "key", k.key, "bytes", len(r.b))
+			c.countCorrupt(k.key, len(r.b))
 			todo = append(todo, k)
 			continue
 		}
-		f := &flights[i]
-		m.initFlight(f, k)
+		if o, fresh := c.freshHit(k.key, k.vkey, env); fresh {
+			// As Get's hit path: a fresh value or negative entry, counted.
+			if o == OutcomeNegative {
+				m.answer(k.key, nil, ErrNotFound)
+			} else {
+				m.answer(k.key, env.payload, nil)
+			}
+			continue
+		}
+		// Stale, an early refresh due, or a pass mark: as Get's flight.
+		f := m.newFlight(k)
 		f.seen = sent
 		if v, err, done := c.served(f, env); done {
 			c.sig.lookup(k.key, f.outcome)
