@@ -796,3 +796,62 @@ func TestGetManyReplicaReadsFromMaster(t *testing.T) {
 	}
 	checkValues(t, got, others, func(k string) string { return "v-" + k })
 }
+
+// On a Ring, the hits of a batch are read with one MGET per shard, and
+// the misses are loaded with one loader call.
+func TestGetManyRing(t *testing.T) {
+	s1, s2 := redistest.Start(t), redistest.Start(t)
+	var mu sync.Mutex
+	byShard := make(map[string]*roundTrips)
+	ring := redis.NewRing(&redis.RingOptions{
+		Addrs: map[string]string{"a": s1.Addr(), "b": s2.Addr()},
+		NewClient: func(opt *redis.Options) *redis.Client {
+			cl := redis.NewClient(opt)
+			h := &roundTrips{keys: true}
+			mu.Lock()
+			byShard[opt.Addr] = h
+			mu.Unlock()
+			cl.AddHook(h)
+			return cl
+		},
+	})
+	t.Cleanup(func() { ring.Close() })
+	c := newTestCache(t, ring, &Options{ReplicaAcks: -1})
+	ctx := context.Background()
+	keys := manyKeys(t, 40)
+	perShard := make(map[string]int)
+	for _, k := range keys {
+		cl, err := ring.GetShardClientForKey(mustKeys(t, k).value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		perShard[cl.Options().Addr]++
+	}
+	if len(perShard) != 2 {
+		t.Fatalf("the keys are on %d shards, want 2", len(perShard))
+	}
+	l := newManyLoader()
+	if got, err := c.GetMany(ctx, keys, time.Minute, l.load); err != nil || len(got) != len(keys) {
+		t.Fatalf("%d values, %v", len(got), err)
+	}
+	if calls := l.got(); len(calls) != 1 || len(calls[0]) != len(keys) {
+		t.Errorf("loader calls %d, want one with all %d keys", len(calls), len(keys))
+	}
+	mu.Lock()
+	for _, h := range byShard {
+		h.take()
+	}
+	mu.Unlock()
+	got, err := c.GetMany(ctx, keys, time.Minute, l.load)
+	if err != nil || len(got) != len(keys) {
+		t.Fatalf("hits: %d values, %v", len(got), err)
+	}
+	checkValues(t, got, keys, func(k string) string { return "v-" + k })
+	mu.Lock()
+	defer mu.Unlock()
+	for addr, n := range perShard {
+		if tr, want := byShard[addr].take(), []string{fmt.Sprintf("mget(%d)", n)}; !slices.Equal(tr, want) {
+			t.Errorf("hits, shard %s: round trips %q, want %q", addr, tr, want)
+		}
+	}
+}
