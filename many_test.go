@@ -115,6 +115,10 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	}
 }
 func (h *roundTrips) add(s string) {
+	switch s {
+	case "hello", "client", "client+client":
+		return // a new connection's handshake, not the Cache's round trip
+	}
 	h.mu.Lock()
 	h.trips = append(h.trips, s)
 	h.mu.Unlock()
