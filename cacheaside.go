@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/sync/singleflight"
 )
 
 var (
@@ -58,7 +57,7 @@ type Cache struct {
 	locker *Locker
 	notify *notifier
 	calib  *calibrator
-	group  singleflight.Group
+	group  flightGroup   // the local tier: one call per key in this process
 	local  chan struct{} // semaphore of MaxLocalLoads
 	brk    breaker
 	stats  counters

@@ -39,6 +39,18 @@ func coreEntryPoints(key string) []entryPoint {
 			_, err := Fetch(ctx, c, key+"fetch", time.Minute, func(context.Context) (string, error) { return "v", nil })
 			return err
 		}},
+		{"GetMany", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
+			_, err := c.GetMany(ctx, []string{key + "many1", key + "many2"}, time.Minute, func(_ context.Context, ks []string) (map[string][]byte, error) {
+				return map[string][]byte{ks[0]: []byte("v")}, nil
+			})
+			return err
+		}},
+		{"FetchMany", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
+			_, err := FetchMany(ctx, c, []string{key + "fetchmany"}, time.Minute, func(_ context.Context, ks []string) (map[string]string, error) {
+				return map[string]string{ks[0]: "v"}, nil
+			})
+			return err
+		}},
 		{"Begin", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
 			_, fill, err := c.Begin(ctx, key+"begin", time.Minute, nil)
 			if fill != nil {

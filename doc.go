@@ -157,6 +157,39 @@
 // its value's lifetime with [SetExpiry]. [WithOutcome] tells how a call
 // was served.
 //
+// # Batch reads
+//
+//	vals, err := c.GetMany(ctx, []string{"user:1", "user:2", "user:3"}, time.Minute,
+//		func(ctx context.Context, keys []string) (map[string][]byte, error) {
+//			return db.LoadUsersJSON(ctx, keys) // the keys this process rebuilds
+//		})
+//
+// [Cache.GetMany] and [FetchMany] are Get and Fetch for a set of keys,
+// with Get's guarantees for each key. The values are read in one round
+// trip per master: an MGET on a single master or a Ring shard; on a
+// Cluster, where every key has its own slot, one pipeline of reads per
+// master (of the one-line script, on a client that routes reads to
+// replicas). Fresh and stale values are served from that read as Get
+// serves them. Each missing key then goes into its flight in this
+// process, which a concurrent Get or GetMany of the key shares, and takes
+// its own lease: the leases of the keys are acquired in one pipeline per
+// master, the loader ([ManyLoadFunc]) is called once with the keys whose
+// lease this process won, and their values are committed in one pipeline
+// per master. A key whose lease another process holds is waited for on
+// its own, and the loader never waits for it: two processes whose batches
+// overlap, each leading some keys and following the other's, cannot wait
+// on each other. A key taken over later from a leader that died, loaded
+// after its wait budget ran out, or refreshed in the background is loaded
+// alone (the loader is called with that one key); more than 1000 missing
+// keys to rebuild are loaded 1000 at a time. The result holds the value of
+// each key that has one; a key not found is absent; every other failure
+// is per key, in a [*ManyError] that errors.Is and errors.As see through,
+// and a loader can fail single keys with one. When Redis is unreachable
+// the missing keys are loaded once, locally (or fail with
+// [ErrUnavailable] under FailClosed). A batch started after a Set or
+// Invalidate of one of its keys returned never gets that key's older
+// value. [Stats] counts a batch per key (Hits, Misses, Leads, Loads).
+//
 // # Tag purges
 //
 // A value can carry tags: [SetTags] in a loader, [Fill.SetTags] before a

@@ -63,21 +63,34 @@ func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, err erro
 		c.countCorrupt(key, len(b))
 		return nil, nil, false, &preRead{sent: sent}
 	}
+	o, fresh := c.freshHit(key, vkey, env)
+	if !fresh {
+		return nil, nil, false, &preRead{sent: sent, env: env, ok: true}
+	}
+	recordOutcome(ctx, o)
+	if o == OutcomeNegative {
+		return nil, ErrNotFound, true, nil
+	}
+	return env.payload, nil, true, nil
+}
+
+// freshHit reports whether env, read at vkey for key, answers the read as
+// it is: a fresh value or negative entry (o says which), counted. A stale
+// value, an early refresh due or a pass mark is for the flight.
+func (c *Cache) freshHit(key, vkey string, env envelope) (o Outcome, fresh bool) {
 	now := c.now()
 	if env.pass || !now.Before(env.softExp) || c.xfetchDue(env, now) {
-		return nil, nil, false, &preRead{sent: sent, env: env, ok: true}
+		return OutcomeUnknown, false
 	}
 	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.fence, env.delta)
 	if env.negative {
 		c.stats.negativeHits.Add(1)
-		recordOutcome(ctx, OutcomeNegative)
 		c.sig.lookup(key, OutcomeNegative)
-		return nil, ErrNotFound, true, nil
+		return OutcomeNegative, true
 	}
 	c.stats.hits.Add(1)
-	recordOutcome(ctx, OutcomeHit)
 	c.sig.lookup(key, OutcomeHit)
-	return env.payload, nil, true, nil
+	return OutcomeHit, true
 }
 
 // hitReply is a GET's reply, from the goroutine that sent it.

@@ -54,22 +54,30 @@ func makeKeys(prefix, key string) (keyFamily, error) {
 
 // familyOf returns the names of the key whose hash tag is t.
 func familyOf(prefix, t string) keyFamily {
+	// The eight names share one allocation: "<base>v<base>l...<base>w:".
+	const suffixes = "vlfrbxnw"
+	n := len(prefix) + 2 + len(t) + 2
 	var b strings.Builder
-	b.Grow(len(prefix) + 2 + len(t) + 2)
-	b.WriteString(prefix)
-	b.WriteString(":{")
-	b.WriteString(t)
-	b.WriteString("}:")
-	base := b.String()
+	b.Grow(len(suffixes)*(n+1) + 1)
+	for i := range len(suffixes) {
+		b.WriteString(prefix)
+		b.WriteString(":{")
+		b.WriteString(t)
+		b.WriteString("}:")
+		b.WriteByte(suffixes[i])
+	}
+	b.WriteByte(':')
+	all := b.String()
+	name := func(i, extra int) string { return all[i*(n+1) : (i+1)*(n+1)+extra] }
 	return keyFamily{
-		value:   base + "v",
-		lease:   base + "l",
-		fence:   base + "f",
-		record:  base + "r",
-		backoff: base + "b",
-		failed:  base + "x",
-		channel: base + "n",
-		writes:  base + "w:",
+		value:   name(0, 0),
+		lease:   name(1, 0),
+		fence:   name(2, 0),
+		record:  name(3, 0),
+		backoff: name(4, 0),
+		failed:  name(5, 0),
+		channel: name(6, 0),
+		writes:  name(7, 1),
 	}
 }
 

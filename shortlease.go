@@ -293,16 +293,30 @@ type attempted struct {
 // error; ErrLeaseHeld is. side, if not nil, is a read sent in the same
 // round trip (the Cache's purge generation, see tags.go).
 func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited string, side redis.Cmder) (attempted, error) {
-	owner := newOwner()
 	l.cfg.repl.prime(ctx, l.rdb, keys.fence) // its round trip must not count against the lease
 	start := time.Now()
+	call, owner := l.acquireCall(keys, ttl, mode, seen, awaited)
+	call.cmd, call.werr = l.cfg.repl.runWith(ctx, l.rdb, keys.fence, side, acquireScript, call.keys, call.args...)
+	return l.parseAcquire(ctx, key, keys, ttl, owner, start, call)
+}
+
+// acquireCall builds the ACQUIRE of keys' lease for a new owner (see
+// attempt), to be run alone or in a batch (see runBatch).
+func (l *Locker) acquireCall(keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited string) (call *scriptCall, owner string) {
+	owner = newOwner()
 	names := []string{keys.lease, keys.fence}
 	args := []any{owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()}
 	if mode != "" {
 		names = append(names, keys.value, keys.backoff, keys.failed)
 		args = append(args, mode, seen, awaited)
 	}
-	cmd, werr := l.cfg.repl.runWith(ctx, l.rdb, keys.fence, side, acquireScript, names, args...)
+	return &scriptCall{route: keys.fence, keys: names, args: args}, owner
+}
+
+// parseAcquire reads the reply of an ACQUIRE that call ran for owner, sent
+// at start (the lease's validity counts from then).
+func (l *Locker) parseAcquire(ctx context.Context, key string, keys keyFamily, ttl time.Duration, owner string, start time.Time, call *scriptCall) (attempted, error) {
+	cmd, werr := call.cmd, call.werr
 	res, err := cmd.Slice()
 	if err != nil {
 		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, err)

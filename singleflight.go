@@ -14,7 +14,7 @@ import (
 )
 
 // The two-tier flight. Get puts the callers of a key in one process into
-// one flight (singleflight.DoChan; each caller leaves on its own context).
+// one flight (flightGroup.DoChan; each caller leaves on its own context).
 // The flight reads the value, and on a miss takes the key's lease: the
 // winner leads (loads and commits), the others follow (wait for the
 // leader's wake-up message). Everything here runs detached from callers,
@@ -64,6 +64,10 @@ type flight struct {
 	// pre is the read of the Get that started the flight (see hit.go):
 	// the flight starts from it instead of reading again.
 	pre *preRead
+
+	// commits, when set, pipelines the flight's COMMIT with those of the
+	// other keys a GetMany led (see commitBatch).
+	commits *commitBatch
 }
 
 // currency says which callers of a flight its answer may go to: only
@@ -333,11 +337,29 @@ func (c *Cache) leaseFor(key string) time.Duration {
 func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	c.stats.leads.Add(1)
 	lease.KeepAlive(c.cfg.MaxHold)
-	start := time.Now()
-	writes := c.writesOf(f.key)
-	exp := &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor, c: c}
-	val, err := c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), exp)
-	delta := time.Since(start)
+	ld := loaded{start: time.Now(), writes: c.writesOf(f.key), exp: &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor, c: c}}
+	ld.val, ld.err = c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), ld.exp)
+	ld.delta = time.Since(ld.start)
+	return c.settle(f, lease, refresh, ld)
+}
+
+// loaded is the outcome of a leader's load: its value or error, when it
+// began (start, when the key's local write count was writes), how long it
+// took, and what the loader set with SetExpiry and SetTags.
+type loaded struct {
+	val    []byte
+	err    error
+	start  time.Time
+	writes uint64
+	delta  time.Duration
+	exp    *expiry
+}
+
+// settle ends a leader's load ld under lease: it commits the value (or a
+// negative entry), or releases the lease and tells the followers of the
+// failure, and returns what the flight's callers get.
+func (c *Cache) settle(f *flight, lease *Lease, refresh bool, ld loaded) ([]byte, error) {
+	val, err, start, writes, delta, exp := ld.val, ld.err, ld.start, ld.writes, ld.delta, ld.exp
 	lease.finish()
 	if err == nil && len(val) > c.cfg.MaxValueBytes {
 		// A failed load, to the Observer as in Stats.
@@ -444,7 +466,7 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 		msg = string(msgValue) + string(b)
 	}
 	sent := time.Now()
-	cmd, werr := c.locker.cfg.repl.run(c.ctx, c.rdb, f.keys.fence, commitScript, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
+	cmd, werr := c.runCommit(f, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
 		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased)
 	ok, err := cmd.Int()
@@ -736,24 +758,46 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 		f.unleased = true // Begin: the caller builds it, unstored
 		return nil, nil
 	}
+	release, err := c.localSlot(f.key)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	c.stats.localLoads.Add(1)
+	start := time.Now()
+	c.localStart(f, start)
+	val, err := c.runLoader(f.load, c.cfg.LoadTimeout, &expiry{})
+	c.sig.load(f.key, time.Since(start), err, false)
+	return c.localResult(f, val, err)
+}
+
+// localSlot takes one of the MaxLocalLoads slots for a load of key
+// without a lease, waiting up to LoadTimeout; release gives it back.
+func (c *Cache) localSlot(key string) (release func(), err error) {
 	wait := time.NewTimer(c.cfg.LoadTimeout)
 	defer wait.Stop()
 	select {
 	case c.local <- struct{}{}:
-		defer func() { <-c.local }()
+		return func() { <-c.local }, nil
 	case <-wait.C:
-		return nil, fmt.Errorf("%w: %q: no local load slot within %v (MaxLocalLoads %d)", ErrWaitTimeout, f.key, c.cfg.LoadTimeout, c.cfg.MaxLocalLoads)
+		return nil, fmt.Errorf("%w: %q: no local load slot within %v (MaxLocalLoads %d)", ErrWaitTimeout, key, c.cfg.LoadTimeout, c.cfg.MaxLocalLoads)
 	case <-c.ctx.Done():
 		return nil, ErrClosed
 	}
-	c.stats.localLoads.Add(1)
-	start := time.Now()
+}
+
+// localStart sets the currency of a load without a lease that starts at
+// start (see currency).
+func (c *Cache) localStart(f *flight, start time.Time) {
 	f.cur = currency{from: start}
 	if f.redisDown {
 		f.cur = currency{unchecked: true, writes: c.writesOf(f.key)}
 	}
-	val, err := c.runLoader(f.load, c.cfg.LoadTimeout, &expiry{})
-	c.sig.load(f.key, time.Since(start), err, false)
+}
+
+// localResult is what the callers of f get from a load without a lease
+// that returned val and err.
+func (c *Cache) localResult(f *flight, val []byte, err error) ([]byte, error) {
 	switch {
 	case err == nil && len(val) > c.cfg.MaxValueBytes:
 		return nil, fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
@@ -772,10 +816,16 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 // leave DoChan callers hanging). A loader that ignores its context is
 // abandoned at the timeout; its goroutine ends when it returns.
 func (c *Cache) runLoader(load LoadFunc, timeout time.Duration, exp *expiry) ([]byte, error) {
+	return runLoaderOf(c, load, timeout, exp)
+}
+
+// runLoaderOf is runLoader for a loader of any result type (a
+// [ManyLoadFunc] returns a map).
+func runLoaderOf[T any](c *Cache, load func(context.Context) (T, error), timeout time.Duration, exp *expiry) (T, error) {
 	ctx, cancel := context.WithTimeout(context.WithValue(c.ctx, expiryKey{}, exp), timeout)
 	defer cancel()
 	type outcome struct {
-		val []byte
+		val T
 		err error
 	}
 	done := make(chan outcome, 1)
@@ -795,14 +845,15 @@ func (c *Cache) runLoader(load LoadFunc, timeout time.Duration, exp *expiry) ([]
 		o.val, o.err = load(ctx)
 		normal = true
 	}()
+	var zero T
 	select {
 	case o := <-done:
 		return o.val, o.err
 	case <-ctx.Done():
 		if c.ctx.Err() != nil {
-			return nil, ErrClosed
+			return zero, ErrClosed
 		}
-		return nil, fmt.Errorf("herd: the loader did not return within %v: %w", timeout, ctx.Err())
+		return zero, fmt.Errorf("herd: the loader did not return within %v: %w", timeout, ctx.Err())
 	}
 }
 

@@ -1,0 +1,95 @@
+package herd
+
+import (
+	"fmt"
+	"runtime/debug"
+	"sync"
+
+	"golang.org/x/sync/singleflight"
+)
+
+// flightGroup is the local tier of the flight: the callers of a key in
+// this process share one call. DoChan is that of
+// golang.org/x/sync/singleflight; join is what GetMany needs besides: it
+// tells at once whether its caller started the call, and must finish it,
+// or joined one already running, so that a batch knows which keys it
+// leads in this process before it sends anything (see many.go).
+type flightGroup struct {
+	mu sync.Mutex
+	m  map[string]*flightCall // calls running, by key
+}
+
+// flightCall is one running call. Its fields are guarded by the group's
+// mutex.
+type flightCall struct {
+	waiters []func(singleflight.Result)
+	dups    int // waiters beyond the first
+}
+
+// DoChan starts a call of fn for key in a new goroutine, unless one is
+// running, and returns a channel that receives the call's result. Shared
+// reports that the result went to more than one caller. A panic in fn is
+// the call's error (wrapping [ErrLoadFailed] and a [*PanicError]), with
+// an empty *flightResult as its value, not a crash.
+func (g *flightGroup) DoChan(key string, fn func() (any, error)) <-chan singleflight.Result {
+	ch := make(chan singleflight.Result, 1)
+	call, started := g.join(key, func(r singleflight.Result) { ch <- r })
+	if started {
+		go func() {
+			var (
+				v      any
+				err    error
+				normal bool
+			)
+			defer func() {
+				if !normal {
+					if r := recover(); r != nil {
+						err = fmt.Errorf("%w: %w", ErrLoadFailed, &PanicError{Value: r, Stack: debug.Stack()})
+					} else {
+						err = errGoexit
+					}
+					v = &flightResult{}
+				}
+				g.finish(key, call, v, err)
+			}()
+			v, err = fn()
+			normal = true
+		}()
+	}
+	return ch
+}
+
+// join adds deliver to the waiters of key's running call, or starts a
+// call with it as the first waiter: started then reports that the caller
+// must end the call with finish. deliver is called once, with the call's
+// result, and must not block.
+func (g *flightGroup) join(key string, deliver func(singleflight.Result)) (call *flightCall, started bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if call = g.m[key]; call != nil {
+		call.dups++
+		call.waiters = append(call.waiters, deliver)
+		return call, false
+	}
+	if g.m == nil {
+		g.m = make(map[string]*flightCall)
+	}
+	call = &flightCall{waiters: []func(singleflight.Result){deliver}}
+	g.m[key] = call
+	return call, true
+}
+
+// finish ends call, started for key by join: every waiter gets v and err,
+// and the next caller of key starts a new call.
+func (g *flightGroup) finish(key string, call *flightCall, v any, err error) {
+	g.mu.Lock()
+	if g.m[key] == call {
+		delete(g.m, key)
+	}
+	waiters, shared := call.waiters, call.dups > 0
+	call.waiters = nil
+	g.mu.Unlock()
+	for _, deliver := range waiters {
+		deliver(singleflight.Result{Val: v, Err: err, Shared: shared})
+	}
+}
