@@ -66,9 +66,10 @@ const softTries = 4
 // Close, [ErrNotReplicated] (the master stored it, too few replicas
 // acknowledged it) or the wrapped Redis error. When ctx ends first,
 // InvalidateSoft returns at once with an error wrapping ctx.Err(); the
-// write may still land. Read-your-writes holds as for Invalidate: a call
-// that starts after InvalidateSoft returned never gets an answer read
-// before it.
+// write may still land. Read-your-writes holds in this form: a call that
+// starts after InvalidateSoft returned, in any process, gets the old
+// value only as a stale hit (read after the invalidation), or a value
+// rebuilt after it; never a fresh hit read before it.
 func (c *Cache) InvalidateSoft(ctx context.Context, key string) error {
 	if c.isClosed() {
 		return ErrClosed
