@@ -125,9 +125,11 @@ func (c *Cache) invalidateSoft(ctx context.Context, keys keyFamily, marker strin
 }
 
 // softened returns b, a value read from Redis, rewritten as stale from
-// now on: the same payload, times and flags, with its fresh period ended
-// (at its write, or now if that is earlier on this clock). The fence is
-// stamped by the script and the stale window is left as it was. It
+// now on: the same payload, flags, write time and stale window, with its
+// fresh period ended (at its write, or now if that is earlier on this
+// clock). The fence is stamped by the script. The rebuild time Δ is
+// cleared: the rewrite is no rebuild, and readers count each rebuild's Δ
+// once, by its writer's fence, which the rewrite changes. It
 // returns nil when b is no value to keep serving: none (seen false), not
 // an intact envelope, a pass mark, or a value whose stale window ended.
 func (c *Cache) softened(b []byte, seen bool) []byte {
@@ -143,5 +145,6 @@ func (c *Cache) softened(b []byte, seen bool) []byte {
 	if now.Before(env.softExp) {
 		env.softExp = now
 	}
+	env.delta = 0
 	return env.encode()
 }

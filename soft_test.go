@@ -203,9 +203,9 @@ func testSoftWindow(t *testing.T, b backend) {
 		t.Errorf("PTTL after InvalidateSoft = %v, want in (0, %v]: the value's life must not grow", after, pttl)
 	}
 	env, ok := peekEnvelope(t, b.rdb, key)
-	if !ok || !env.softExp.Equal(env.writtenAt) || !env.staleExp.Equal(env.writtenAt.Add(time.Hour)) {
-		t.Fatalf("envelope after InvalidateSoft: found %v, written %v, fresh until %v, stale until %v; want fresh until its write and stale until write + 1h",
-			ok, env.writtenAt, env.softExp, env.staleExp)
+	if !ok || !env.softExp.Equal(env.writtenAt) || !env.staleExp.Equal(env.writtenAt.Add(time.Hour)) || env.delta != 0 {
+		t.Fatalf("envelope after InvalidateSoft: found %v, written %v, fresh until %v, stale until %v, Δ %v; want fresh until its write, stale until write + 1h, Δ 0",
+			ok, env.writtenAt, env.softExp, env.staleExp, env.delta)
 	}
 	var o Outcome
 	if v, found, err := c.Peek(WithOutcome(ctx, &o), key); err != nil || !found || string(v) != "v1" || o != OutcomeStale {
@@ -490,4 +490,23 @@ func TestInvalidateSoftNotReplicated(t *testing.T) {
 	if v, found, err := plain.Peek(WithOutcome(ctx, &o), key); err != nil || !found || string(v) != "v1" || o != OutcomeStale {
 		t.Errorf("Peek after the unreplicated InvalidateSoft = (%q, %v, %v), outcome %v; want v1 stale on the master", v, found, err, o)
 	}
+}
+
+// TestInvalidateSoftRedisDown: with Redis gone, InvalidateSoft returns
+// the Redis error (as Invalidate does), and works again once it is back.
+func TestInvalidateSoftRedisDown(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newTestCache(t, srv.Client(t, shortTimeouts), nil)
+	ctx := context.Background()
+	if err := c.Set(ctx, "k", []byte("v"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	srv.Kill(t)
+	if err := c.InvalidateSoft(ctx, "k"); err == nil || !isInfraError(errors.Unwrap(err)) {
+		t.Errorf("InvalidateSoft with Redis killed = %v, want the connection error", err)
+	}
+	srv.Restart(t)
+	waitFor(t, 10*time.Second, "InvalidateSoft to reach Redis again", func() bool {
+		return c.InvalidateSoft(ctx, "k") == nil
+	})
 }
