@@ -2,6 +2,8 @@ package herd
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -42,14 +44,14 @@ func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, e
 	if c.isClosed() {
 		return nil, false, ErrClosed
 	}
-	keys, err := makeKeys(c.cfg.Prefix, key)
+	name, err := valueName(c.cfg.Prefix, key)
 	if err != nil {
 		return nil, false, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
-	b, there, err := c.peekRead(ctx, keys.value)
+	b, there, err := c.peekRead(ctx, name)
 	if err != nil {
 		if errors.Is(err, ErrClosed) || ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil, false, err
@@ -143,4 +145,14 @@ func (c *Cache) peekGet(name string) (b []byte, there bool, err error) {
 	}
 	c.redisAnswered() // redis.Nil, or a value of another type: no value
 	return nil, false, nil
+}
+
+// valueName is makeKeys(prefix, key).value, without the key's other
+// names (a Peek needs only this one).
+func valueName(prefix, key string) (string, error) {
+	if key == "" {
+		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	sum := sha256.Sum256([]byte(key))
+	return prefix + ":{" + base64.RawURLEncoding.EncodeToString(sum[:]) + "}:v", nil
 }

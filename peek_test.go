@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -139,6 +140,24 @@ func testPeekBadInput(t *testing.T, b backend) {
 	c.Close()
 	if _, _, err := c.Peek(ctx, testKey(t)); !errors.Is(err, ErrClosed) {
 		t.Errorf("Peek after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestValueName: Peek's value name is the one of makeKeys.
+func TestValueName(t *testing.T) {
+	for _, key := range []string{"k", "{x}", "a}{b", "\x00\xff", strings.Repeat("long", 1000)} {
+		for _, prefix := range []string{DefaultPrefix, "p:q"} {
+			k, err := makeKeys(prefix, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got, err := valueName(prefix, key); err != nil || got != k.value {
+				t.Errorf("valueName(%q, %q) = (%q, %v), want %q", prefix, key, got, err, k.value)
+			}
+		}
+	}
+	if _, err := valueName(DefaultPrefix, ""); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("valueName of the empty key: %v, want ErrInvalidKey", err)
 	}
 }
 
@@ -311,4 +330,44 @@ func (h getHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (h getHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// BenchmarkPeek compares Peek with a raw go-redis GET of the same bytes
+// and with Cache.Get's hit, on a real redis-server, in the same run.
+func BenchmarkPeek(b *testing.B) {
+	rdb := redistest.Start(b).Client(b)
+	c := newTestCache(b, rdb, nil)
+	ctx := context.Background()
+	payload := make([]byte, 512)
+	if err := c.Set(ctx, "k", payload, time.Hour); err != nil {
+		b.Fatal(err)
+	}
+	if err := rdb.Set(ctx, "raw", (&envelope{payload: payload}).encode(), time.Hour).Err(); err != nil {
+		b.Fatal(err)
+	}
+	fail := func(context.Context) ([]byte, error) { panic("a hit called the loader") }
+	b.Run("RawGET", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := rdb.Get(ctx, "raw").Bytes(); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Peek", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, ok, err := c.Peek(ctx, "k"); err != nil || !ok {
+				b.Fatal(ok, err)
+			}
+		}
+	})
+	b.Run("CacheGet", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := c.Get(ctx, "k", time.Hour, fail); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }

@@ -510,3 +510,31 @@ func TestInvalidateSoftRedisDown(t *testing.T) {
 		return c.InvalidateSoft(ctx, "k") == nil
 	})
 }
+
+// BenchmarkInvalidateSoft compares InvalidateSoft with Invalidate (each
+// followed by a Set that puts the value back), for a 512-byte and a
+// 256 KiB value, on a real redis-server, in the same run.
+func BenchmarkInvalidateSoft(b *testing.B) {
+	rdb := redistest.Start(b).Client(b)
+	c := newTestCache(b, rdb, nil)
+	ctx := context.Background()
+	for _, size := range []int{512, 256 << 10} {
+		payload := make([]byte, size)
+		for _, mode := range []struct {
+			name string
+			inv  func(context.Context, string) error
+		}{{"Invalidate", c.Invalidate}, {"InvalidateSoft", c.InvalidateSoft}} {
+			b.Run(fmt.Sprintf("%s/%dB", mode.name, size), func(b *testing.B) {
+				b.ReportAllocs()
+				for b.Loop() {
+					if err := c.Set(ctx, "k", payload, time.Hour); err != nil {
+						b.Fatal(err)
+					}
+					if err := mode.inv(ctx, "k"); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
+	}
+}
