@@ -2,8 +2,6 @@ package herd
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,8 +31,10 @@ import (
 // [OutcomeUnknown] for nothing usable and for errors.
 //
 // Errors: [ErrInvalidKey] for an empty key, [ErrClosed] after Close (and
-// when Close is called while Peek waits for Redis), ctx.Err() as soon as
-// ctx ends, and, when Redis cannot be reached or the circuit breaker is
+// when Close is called while Peek waits for Redis, if its ctx can end:
+// with one that cannot, such as context.Background, Peek sends the GET
+// itself and waits for its reply, as Get does), ctx.Err() as soon as ctx
+// ends, and, when Redis cannot be reached or the circuit breaker is
 // open, an error wrapping [ErrUnavailable] and the cause, whatever
 // [Options.FailClosed] says: with no loader there is nothing to fail open
 // to. Peek is not counted in the lookup counters of [Stats] nor reported
@@ -44,7 +44,7 @@ func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, e
 	if c.isClosed() {
 		return nil, false, ErrClosed
 	}
-	name, err := valueName(c.cfg.Prefix, key)
+	name, err := valueKey(c.cfg.Prefix, key)
 	if err != nil {
 		return nil, false, err
 	}
@@ -92,52 +92,23 @@ func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, e
 	return env.payload, true, nil
 }
 
-// peekRead GETs a value key for Peek. there is false when there is no
-// value (none, or one of a foreign type); err is an infrastructure
-// error, ErrClosed or ctx's error. The GET runs in its own goroutine,
-// detached from ctx and bounded by the client's timeouts (go-redis waits
-// for the reply of a command it has sent, whatever its context says): the
-// caller leaves at once when ctx ends or Close is called, and the GET's
-// verdict still reaches the circuit breaker. Close waits for it.
+// peekRead GETs a value key for Peek, as a hit does (readHit), with the
+// breaker's say: an open breaker skips Redis, and the GET's verdict
+// reaches it. there is false when there is no value (none, or one of a
+// foreign type); err is an infrastructure error, ErrClosed or ctx's
+// error.
 func (c *Cache) peekRead(ctx context.Context, name string) (b []byte, there bool, err error) {
 	if !c.brk.allow() {
 		return nil, false, errBreakerOpen
 	}
-	done, ok := c.track()
-	if !ok {
-		c.brk.probeDone()
-		return nil, false, ErrClosed
-	}
-	type result struct {
-		b     []byte
-		there bool
-		err   error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		defer done()
-		b, there, err := c.peekGet(name)
-		ch <- result{b, there, err}
-	}()
-	select {
-	case r := <-ch:
-		return r.b, r.there, r.err
-	case <-ctx.Done():
-		return nil, false, ctx.Err()
-	case <-c.ctx.Done():
-		return nil, false, ErrClosed
-	}
-}
-
-// peekGet is the GET of peekRead, with its verdict for the breaker.
-func (c *Cache) peekGet(name string) (b []byte, there bool, err error) {
-	b, err = c.readValue(c.ctx, name)
+	b, err = c.readHit(ctx, name)
 	switch {
 	case err == nil:
 		c.redisAnswered()
 		return b, true, nil
-	case c.ctx.Err() != nil:
-		c.brk.probeDone() // Close, not Redis: no verdict
+	case ctx.Err() != nil:
+		return nil, false, ctx.Err() // the caller's, not Redis's: no verdict
+	case errors.Is(err, ErrClosed) || c.ctx.Err() != nil:
 		return nil, false, ErrClosed
 	case isInfraError(err):
 		c.redisFailed(err)
@@ -145,14 +116,4 @@ func (c *Cache) peekGet(name string) (b []byte, there bool, err error) {
 	}
 	c.redisAnswered() // redis.Nil, or a value of another type: no value
 	return nil, false, nil
-}
-
-// valueName is makeKeys(prefix, key).value, without the key's other
-// names (a Peek needs only this one).
-func valueName(prefix, key string) (string, error) {
-	if key == "" {
-		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
-	}
-	sum := sha256.Sum256([]byte(key))
-	return prefix + ":{" + base64.RawURLEncoding.EncodeToString(sum[:]) + "}:v", nil
 }

@@ -5,7 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -143,24 +143,6 @@ func testPeekBadInput(t *testing.T, b backend) {
 	}
 }
 
-// TestValueName: Peek's value name is the one of makeKeys.
-func TestValueName(t *testing.T) {
-	for _, key := range []string{"k", "{x}", "a}{b", "\x00\xff", strings.Repeat("long", 1000)} {
-		for _, prefix := range []string{DefaultPrefix, "p:q"} {
-			k, err := makeKeys(prefix, key)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got, err := valueName(prefix, key); err != nil || got != k.value {
-				t.Errorf("valueName(%q, %q) = (%q, %v), want %q", prefix, key, got, err, k.value)
-			}
-		}
-	}
-	if _, err := valueName(DefaultPrefix, ""); !errors.Is(err, ErrInvalidKey) {
-		t.Errorf("valueName of the empty key: %v, want ErrInvalidKey", err)
-	}
-}
-
 // TestPeekRedisDown: with Redis gone, Peek returns an error wrapping
 // ErrUnavailable and the cause (there is no loader to fail open to), also
 // while the breaker is open, and works again once Redis is back.
@@ -196,12 +178,19 @@ func TestPeekRedisDown(t *testing.T) {
 
 // TestPeekLeavesOnCtxAndClose: with Redis paused (each GET waits for the
 // client's 10 s ReadTimeout), a Peek returns its ctx's error when its
-// deadline passes, and ErrClosed when Close is called.
+// deadline passes, and a Peek and a Get waiting for their GETs return
+// ErrClosed when Close is called (their ctx can end), before any reply.
 func TestPeekLeavesOnCtxAndClose(t *testing.T) {
 	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.ReadTimeout = 10 * time.Second; o.MaxRetries = -1 })
+	// Connections made before the pause: a GET that must dial one would
+	// wait in the dial, which does end with its ctx.
+	rdb := srv.Client(t, func(o *redis.Options) {
+		o.ReadTimeout, o.MaxRetries, o.MinIdleConns = 10*time.Second, -1, 5
+	})
+	waitFor(t, 10*time.Second, "idle connections", func() bool { return rdb.PoolStats().IdleConns >= 5 })
 	gets := make(chan struct{}, 10)
-	rdb.AddHook(getHook{gets})
+	var replies atomic.Int64
+	rdb.AddHook(getHook{gets, &replies})
 	c := New(rdb, nil)
 	ctx := context.Background()
 	if err := c.Set(ctx, "k", []byte("v"), time.Hour); err != nil {
@@ -221,15 +210,30 @@ func TestPeekLeavesOnCtxAndClose(t *testing.T) {
 	}
 	<-gets // the first Peek's GET
 	got := make(chan error, 1)
+	cctx, stop := context.WithCancel(ctx) // a ctx that can end, never ended here
+	defer stop()
 	go func() {
-		_, _, err := c.Peek(ctx, "k")
+		_, _, err := c.Peek(cctx, "k")
 		got <- err
 	}()
 	<-gets // this Peek waits for Redis: Close must end it
+	// So must a Get waiting for its hit's GET (the same read, hit.go).
+	gotGet := make(chan error, 1)
+	go func() {
+		_, err := c.Get(cctx, "k", time.Hour, func(context.Context) ([]byte, error) { return []byte("loaded"), nil })
+		gotGet <- err
+	}()
+	<-gets
 	closed := make(chan error, 1)
 	go func() { closed <- c.Close() }()
 	if err := <-got; !errors.Is(err, ErrClosed) {
 		t.Errorf("Peek while Close ran = %v, want ErrClosed", err)
+	}
+	if err := <-gotGet; !errors.Is(err, ErrClosed) {
+		t.Errorf("Get while Close ran = %v, want ErrClosed", err)
+	}
+	if n := replies.Load(); n != 0 {
+		t.Errorf("Peek and Get returned after %d GET(s) got their reply (a timeout), want before: they waited for Redis, not for Close", n)
 	}
 	srv.Resume(t) // Close waits for the GETs already sent
 	resumed = true
@@ -316,15 +320,20 @@ func TestPeekReplicaReadsNoStale(t *testing.T) {
 	checkPeek(t, c, key, "after Invalidate", peekWant{"", false, nil, OutcomeUnknown})
 }
 
-// getHook signals each GET the client sends.
-type getHook struct{ sent chan<- struct{} }
+// getHook signals each GET the client sends, and counts their replies.
+type getHook struct {
+	sent    chan<- struct{}
+	replies *atomic.Int64
+}
 
 func (h getHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h getHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "get" {
-			h.sent <- struct{}{}
+		if cmd.Name() != "get" {
+			return next(ctx, cmd)
 		}
+		h.sent <- struct{}{}
+		defer h.replies.Add(1)
 		return next(ctx, cmd)
 	}
 }
