@@ -41,8 +41,9 @@
 // on a Ring), look once more, and wait.
 //
 // [Cache.Set], [Cache.Invalidate] and [Cache.InvalidateSoft] advance the
-// key's fence first, so a rebuild that started before them can never write its older value after
-// them: the stale-set race that memcache leases close. Each write carries
+// key's fence first, so a rebuild that started before them can never
+// write its older value after them: the stale-set race that memcache
+// leases close. Each write carries
 // an id, so a retry of it (go-redis resends a script whose reply was lost)
 // is a no-op rather than a second write over a newer one.
 //

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 )
 
 // Peek returns the value Redis holds for key, without loading it: it
@@ -41,7 +40,7 @@ import (
 // to [Observer].Lookup. The returned slice is the caller's own.
 func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, err error) {
 	recordOutcome(ctx, OutcomeUnknown)
-	if c.isClosed() {
+	if c.closing.Load() {
 		return nil, false, ErrClosed
 	}
 	name, err := valueKey(c.cfg.Prefix, key)
@@ -63,9 +62,7 @@ func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, e
 	}
 	env, ok := decodeEnvelope(b)
 	if !ok {
-		c.stats.corrupt.Add(1)
-		c.sig.corrupt(key)
-		c.log(slog.LevelWarn, "herd: value in Redis is not an intact envelope; treating it as a miss", "key", key, "bytes", len(b))
+		c.countCorrupt(key, len(b))
 		return nil, false, nil
 	}
 	now := c.now()
