@@ -400,10 +400,10 @@ func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other
 // processes at once), and stops the pub/sub connection. Callers still
-// waiting in Get, Fetch or Begin return [ErrClosed] at once. A Redis
+// waiting in Get, Fetch, Begin or Peek return [ErrClosed] at once. A Redis
 // command already sent cannot be taken back: Close waits for it, for up to
 // the client's ReadTimeout and WriteTimeout (keep them short). Every later call
-// of Get, [Fetch], Begin, Set and Invalidate returns [ErrClosed], without
+// of Get, [Fetch], Begin, Peek, Set, Invalidate and InvalidateSoft returns [ErrClosed], without
 // touching Redis. A Fill that Close aborted has given its lease back: its
 // Commit and Abort do nothing and return nil. Close is idempotent. It does
 // not close the Redis client.

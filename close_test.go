@@ -115,6 +115,12 @@ func TestCacheClosedRefusesCalls(t *testing.T) {
 	if err := c.Invalidate(ctx, "k"); !errors.Is(err, ErrClosed) {
 		t.Errorf("Invalidate after Close: got %v, want ErrClosed", err)
 	}
+	if err := c.InvalidateSoft(ctx, "k"); !errors.Is(err, ErrClosed) {
+		t.Errorf("InvalidateSoft after Close: got %v, want ErrClosed", err)
+	}
+	if _, _, err := c.Peek(ctx, "k"); !errors.Is(err, ErrClosed) {
+		t.Errorf("Peek after Close: got %v, want ErrClosed", err)
+	}
 	if err := c.SetTagged(ctx, "k", []byte("after"), time.Minute, "t"); !errors.Is(err, ErrClosed) {
 		t.Errorf("SetTagged after Close: got %v, want ErrClosed", err)
 	}

@@ -64,6 +64,13 @@ func coreEntryPoints(key string) []entryPoint {
 		{"Invalidate", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
 			return c.Invalidate(ctx, key+"inv")
 		}},
+		{"InvalidateSoft", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
+			return c.InvalidateSoft(ctx, key+"soft")
+		}},
+		{"Peek", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
+			_, _, err := c.Peek(ctx, key+"peek")
+			return err
+		}},
 		{"SetTagged", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
 			return c.SetTagged(ctx, key+"settagged", []byte("v"), time.Minute, "t")
 		}},

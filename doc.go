@@ -40,9 +40,10 @@
 // one per master with sharded pub/sub on Redis Cluster 7+, one per shard
 // on a Ring), look once more, and wait.
 //
-// [Cache.Set] and [Cache.Invalidate] advance the key's fence first, so a
-// rebuild that started before them can never write its older value after
-// them: the stale-set race that memcache leases close. Each write carries
+// [Cache.Set], [Cache.Invalidate] and [Cache.InvalidateSoft] advance the
+// key's fence first, so a rebuild that started before them can never
+// write its older value after them: the stale-set race that memcache
+// leases close. Each write carries
 // an id, so a retry of it (go-redis resends a script whose reply was lost)
 // is a no-op rather than a second write over a newer one.
 //
@@ -90,7 +91,11 @@
 //     is already under way takes that answer only when it is known to be
 //     current after the call arrived (read or committed after it); else
 //     it runs the next lookup itself, one more round trip. Callers that
-//     joined a rebuild before the write may still get its value. Limit:
+//     joined a rebuild before the write may still get its value. After a
+//     [Cache.InvalidateSoft] such a call gets the old value only as a
+//     stale hit ([OutcomeStale]: read after the write), or a value rebuilt
+//     after it. [Cache.Peek] is one GET from the master: it sees every
+//     write that returned before it started. Limit:
 //     a value Redis could not check (Redis unreachable, a failed commit)
 //     is held back only from callers after a write made in the same
 //     process; another process's writes cannot be seen without Redis.
@@ -156,6 +161,18 @@
 // key's rebuild time, which every envelope carries. A loader can choose
 // its value's lifetime with [SetExpiry]. [WithOutcome] tells how a call
 // was served.
+//
+// [Cache.InvalidateSoft] is an invalidation that keeps serving, the weak
+// mode of rockscache and the stale-while-lease of memcache leases: the
+// value is marked stale in Redis at once, for every process, and its
+// fence advances. Gets then return the old value at once as a stale hit
+// while one refresh, under the key's lease, rebuilds it; a rebuild that
+// began before the invalidation is fenced and cannot end the stale
+// period. The old value stays servable only as long as it was going to
+// live (its hard TTL is kept, so a tag purge still reaches it): with
+// StaleFor 0, what was left of its ttl. [Cache.Peek] reads a key without
+// a loader: one GET, no lease, no refresh; with Redis down it returns
+// [ErrUnavailable] rather than failing open.
 //
 // # Batch reads
 //

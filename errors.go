@@ -80,7 +80,8 @@ var (
 	// ErrUnavailable wraps the Redis error a Cache with
 	// [Options.FailClosed] returns when Redis cannot be reached or its
 	// circuit breaker is open. Without FailClosed the Cache fails open and
-	// loads locally instead.
+	// loads locally instead. [Cache.Peek], which has no loader, returns it
+	// in that case whatever FailClosed says.
 	ErrUnavailable = errors.New("herd: redis unavailable")
 
 	// ErrNoQuorum is returned by [Redlock] calls when fewer than a quorum
@@ -94,7 +95,7 @@ var (
 	ErrNoQuorum = errors.New("herd: no quorum of Redis masters")
 
 	// ErrNotReplicated is returned when a write that advances a fence (a
-	// lease acquire, Set, Invalidate, a rebuild's commit) or a lease
+	// lease acquire, Set, Invalidate, InvalidateSoft, a rebuild's commit) or a lease
 	// extend ran on the master but fewer replicas than required
 	// acknowledged it within the replica timeout (see
 	// [LockerOptions.ReplicaAcks]). The write may be lost by a failover or
@@ -120,8 +121,8 @@ var (
 
 	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
 	// its Close: TryAcquire, Acquire (also one waiting when Close is
-	// called), Get, [Fetch], Begin, Set, SetTagged, Invalidate and
-	// InvalidateTag. A [Lease] handed
+	// called), Get, [Fetch], Begin, Peek, Set, SetTagged, Invalidate,
+	// InvalidateSoft and InvalidateTag. A [Lease] handed
 	// out before Close can still be extended and released. Every call on a
 	// [Redlock] or its leases after the Redlock's Close returns it too.
 	ErrClosed = errors.New("herd: closed")

@@ -101,9 +101,9 @@ type hitReply struct {
 
 // readHit GETs vkey for a hit. With a ctx that cannot end (Background,
 // WithoutCancel) it sends the GET itself. Otherwise the GET runs in a
-// goroutine of its own and the caller leaves as soon as ctx ends
-// (go-redis cannot give up a command it has sent, and its client
-// timeouts may be long); Close waits for that GET. The hand-off costs a
+// goroutine of its own and the caller leaves as soon as ctx ends or
+// Close is called (go-redis cannot give up a command it has sent, and its
+// client timeouts may be long); Close waits for that GET. The hand-off costs a
 // goroutine and two allocations, far less than the round trip.
 func (c *Cache) readHit(ctx context.Context, vkey string) ([]byte, error) {
 	if ctx.Done() == nil {
@@ -126,6 +126,8 @@ func (c *Cache) readHit(ctx context.Context, vkey string) ([]byte, error) {
 		return r.b, r.err
 	case <-ctx.Done():
 		return nil, ctx.Err() // h is left to the GC: its reply comes later
+	case <-c.ctx.Done():
+		return nil, ErrClosed // Close: likewise
 	}
 }
 

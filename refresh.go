@@ -22,7 +22,7 @@ type Outcome uint8
 const (
 	OutcomeUnknown      Outcome = iota // the call failed before the cache decided
 	OutcomeHit                         // a fresh value from Redis
-	OutcomeStale                       // a stale value within StaleFor; a refresh started
+	OutcomeStale                       // a stale value within StaleFor or after InvalidateSoft; a refresh started (not by Peek)
 	OutcomeEarlyRefresh                // a fresh value; an early refresh started (XFetch)
 	OutcomeNegative                    // a remembered ErrNotFound
 	OutcomeLeader                      // this process rebuilt the value
@@ -43,8 +43,8 @@ func (o Outcome) String() string {
 
 type outcomeKey struct{}
 
-// WithOutcome returns a context that makes [Cache.Get] and [Fetch] record
-// how the call was served in *o. Callers of one flight in a process share
+// WithOutcome returns a context that makes [Cache.Get], [Fetch] and
+// [Cache.Peek] record how the call was served in *o. Callers of one flight in a process share
 // its outcome. The HTTP middleware uses it for the Cache-Status header.
 func WithOutcome(ctx context.Context, o *Outcome) context.Context {
 	return context.WithValue(ctx, outcomeKey{}, o)

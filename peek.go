@@ -1,0 +1,116 @@
+package herd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+)
+
+// Peek returns the value Redis holds for key, without loading it: it
+// never calls a loader, never takes the key's lease and never starts a
+// refresh or a rebuild. It is one GET from the key's master, so a Peek
+// that starts after a Set, Invalidate or InvalidateSoft of key returned,
+// in any process, sees that write.
+//
+// found reports whether Redis holds an answer for key, and the other
+// results are that answer, as Get would return it:
+//
+//   - a fresh value: (value, true, nil);
+//   - a stale value, within its stale window ([Options.StaleFor], or
+//     after [Cache.InvalidateSoft]): (value, true, nil) too;
+//   - a negative entry, a remembered [ErrNotFound]: (nil, true,
+//     ErrNotFound);
+//   - nothing, a value past its stale window, a pass mark left by
+//     [Fill.Pass], or bytes that are not an intact envelope (counted in
+//     [Stats].Corrupt): (nil, false, nil).
+//
+// With a ctx from [WithOutcome], Peek records which it was:
+// [OutcomeHit], [OutcomeStale] (a stale value or negative entry; no
+// refresh is started), [OutcomeNegative], [OutcomePass], or
+// [OutcomeUnknown] for nothing usable and for errors.
+//
+// Errors: [ErrInvalidKey] for an empty key, [ErrClosed] after Close (and
+// when Close is called while Peek waits for Redis, if its ctx can end:
+// with one that cannot, such as context.Background, Peek sends the GET
+// itself and waits for its reply, as Get does), ctx.Err() as soon as ctx
+// ends, and, when Redis cannot be reached or the circuit breaker is
+// open, an error wrapping [ErrUnavailable] and the cause, whatever
+// [Options.FailClosed] says: with no loader there is nothing to fail open
+// to. Peek is not counted in the lookup counters of [Stats] nor reported
+// to [Observer].Lookup. The returned slice is the caller's own.
+func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, err error) {
+	recordOutcome(ctx, OutcomeUnknown)
+	if c.closing.Load() {
+		return nil, false, ErrClosed
+	}
+	name, err := valueKey(c.cfg.Prefix, key)
+	if err != nil {
+		return nil, false, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	b, there, err := c.peekRead(ctx, name)
+	if err != nil {
+		if errors.Is(err, ErrClosed) || ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+			return nil, false, err
+		}
+		return nil, false, fmt.Errorf("%w: peek %q: %w", ErrUnavailable, key, err)
+	}
+	if !there {
+		return nil, false, nil
+	}
+	env, ok := decodeEnvelope(b)
+	if !ok {
+		c.countCorrupt(key, len(b))
+		return nil, false, nil
+	}
+	now := c.now()
+	outcome := OutcomeHit
+	switch {
+	case env.pass:
+		if now.Before(env.softExp) {
+			recordOutcome(ctx, OutcomePass)
+		}
+		return nil, false, nil
+	case now.Before(env.softExp):
+		if env.negative {
+			outcome = OutcomeNegative
+		}
+	case now.Before(env.staleExp):
+		outcome = OutcomeStale
+	default:
+		return nil, false, nil // past its stale window: Redis is about to drop it
+	}
+	recordOutcome(ctx, outcome)
+	if env.negative {
+		return nil, true, ErrNotFound
+	}
+	return env.payload, true, nil
+}
+
+// peekRead GETs a value key for Peek, as a hit does (readHit), with the
+// breaker's say: an open breaker skips Redis, and the GET's verdict
+// reaches it. there is false when there is no value (none, or one of a
+// foreign type); err is an infrastructure error, ErrClosed or ctx's
+// error.
+func (c *Cache) peekRead(ctx context.Context, name string) (b []byte, there bool, err error) {
+	if !c.brk.allow() {
+		return nil, false, errBreakerOpen
+	}
+	b, err = c.readHit(ctx, name)
+	switch {
+	case err == nil:
+		c.redisAnswered()
+		return b, true, nil
+	case ctx.Err() != nil:
+		return nil, false, ctx.Err() // the caller's, not Redis's: no verdict
+	case errors.Is(err, ErrClosed) || c.ctx.Err() != nil:
+		return nil, false, ErrClosed
+	case isInfraError(err):
+		c.redisFailed(err)
+		return nil, false, err
+	}
+	c.redisAnswered() // redis.Nil, or a value of another type: no value
+	return nil, false, nil
+}
