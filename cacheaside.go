@@ -157,11 +157,12 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 // ttl under a millisecond or over 50 years ([ErrInvalidTTL]: herd does not
 // coalesce without storing), a nil load ([ErrNilLoader]) or a closed Cache
 // ([ErrClosed]). It returns ctx.Err() when ctx
-// ends first; the rebuild goes on for the other callers. The GET of a
-// hit is sent with ctx, in the caller's goroutine, so go-redis bounds it
-// by the client's ReadTimeout and WriteTimeout (and by ctx's deadline
-// with ContextTimeoutEnabled); a cancellation takes effect once that GET
-// returns. A loader error
+// ends first; the rebuild goes on for the other callers. With a ctx that
+// can end, a hit's GET runs in a goroutine of its own and Get returns as
+// soon as ctx ends or Close begins. With one that cannot (Background,
+// WithoutCancel) the GET is sent from the caller's goroutine, and Get
+// waits for it, bounded only by the client's ReadTimeout and
+// WriteTimeout, Close included. A loader error
 // or panic reaches every caller of that rebuild wrapped in
 // [ErrLoadFailed]; [ErrNotFound] from the loader is returned as is and
 // remembered for [Options.NegativeTTL]. A value over
@@ -186,16 +187,19 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		return nil, err
 	}
 	// A caller that joins a flight whose answer may predate a write it
-	// has seen returned takes the next flight instead (read-your-writes).
-	// That flight starts after this caller joined, so its answer is
-	// current for it: one more round at most.
+	// has seen returned takes the next flight instead (read-your-writes),
+	// and checks that one too: a flight that starts after this caller
+	// joined may still answer from the GET of the caller that started it
+	// (see hit.go), sent before this one joined and delivered late. Each
+	// such GET starts one flight at most (its caller takes that answer),
+	// so the rounds end.
 	joined, writes := time.Now(), c.writesOf(key)
 	val, err, done, pre := c.hit(ctx, key, vkey)
 	if done {
 		return val, err
 	}
 	keys, _ := makeKeys(c.cfg.Prefix, key)
-	for round := 0; ; round++ {
+	for {
 		ch := c.group.DoChan(key, func() (any, error) {
 			c.mu.RLock()
 			if c.closed {
@@ -216,7 +220,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			return nil, ErrClosed // Close: the flight ends when its Redis call does
 		case r := <-ch:
 			res := r.Val.(*flightResult)
-			if round == 0 && !res.answers(joined, writes, r.Err) {
+			if !res.answers(joined, writes, r.Err) {
 				continue
 			}
 			recordOutcome(ctx, res.outcome)
@@ -400,7 +404,9 @@ func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other
 // processes at once), and stops the pub/sub connection. Callers still
-// waiting in Get, Fetch, Begin or Peek return [ErrClosed] at once. A Redis
+// waiting in Get, Fetch, Begin or Peek return [ErrClosed] at once, but
+// for a Get or Peek whose ctx cannot end and whose GET is under way: it
+// returns when that GET does (see [Cache.Get]). A Redis
 // command already sent cannot be taken back: Close waits for it, for up to
 // the client's ReadTimeout and WriteTimeout (keep them short). Every later call
 // of Get, [Fetch], Begin, Peek, Set, Invalidate and InvalidateSoft returns [ErrClosed], without
@@ -483,9 +489,10 @@ func (c *Cache) log(level slog.Level, msg string, args ...any) {
 // Stats are a Cache's counters. Every field counts events since New.
 //
 // The lookup counters (Hits, NegativeHits, StaleServed, Passes, Misses)
-// count lookups: each Get that finds a fresh value (or negative entry) is
-// one, since each sends its own GET; past that, concurrent Get callers of
-// a key in one process share one flight, which counts once, while each
+// count lookups: each Get that finds a fresh value (or negative entry)
+// with no early refresh due is one, since each sends its own GET; past
+// that (an early refresh included), concurrent Get callers of a key in
+// one process share one flight, which counts once, while each
 // [Cache.Begin] call is its own. A follower that finds the
 // rebuilt value counts as a follow, not as a hit. Loads and LocalLoads
 // count every run of a loader or [Fill], whatever its result; LoadErrors

@@ -90,7 +90,9 @@
 //     A call that arrives while its process's lookup or rebuild of the key
 //     is already under way takes that answer only when it is known to be
 //     current after the call arrived (read or committed after it); else
-//     it runs the next lookup itself, one more round trip. Callers that
+//     it takes the next lookup, one more round trip, and checks that one
+//     too (a lookup can start from the GET of the call that started it,
+//     sent before this call arrived and answered late). Callers that
 //     joined a rebuild before the write may still get its value. After a
 //     [Cache.InvalidateSoft] such a call gets the old value only as a
 //     stale hit ([OutcomeStale]: read after the write), or a value rebuilt

@@ -30,6 +30,7 @@ type preRead struct {
 	sent time.Time // when the GET was sent
 	env  envelope
 	ok   bool  // env is an intact envelope
+	due  bool  // env is fresh and its early refresh was drawn due
 	err  error // an infrastructure error, already recorded by the breaker
 }
 
@@ -42,7 +43,7 @@ func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, err erro
 		return nil, nil, false, nil
 	}
 	sent := time.Now()
-	b, err := c.readHit(ctx, vkey)
+	b, err := c.readHit(ctx, vkey) // the breaker has the GET's result
 	switch {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -51,10 +52,8 @@ func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, err erro
 	case errors.Is(err, ErrClosed) || c.ctx.Err() != nil:
 		return nil, ErrClosed, true, nil
 	case isInfraError(err):
-		c.redisFailed(err)
 		return nil, nil, false, &preRead{sent: sent, err: err}
 	}
-	c.redisAnswered()
 	if err != nil {
 		return nil, nil, false, &preRead{sent: sent} // redis.Nil or a wrong-type reply: a miss
 	}
@@ -63,9 +62,9 @@ func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, err erro
 		c.countCorrupt(key, len(b))
 		return nil, nil, false, &preRead{sent: sent}
 	}
-	o, fresh := c.freshHit(key, vkey, env)
+	o, fresh, due := c.freshHit(key, vkey, env)
 	if !fresh {
-		return nil, nil, false, &preRead{sent: sent, env: env, ok: true}
+		return nil, nil, false, &preRead{sent: sent, env: env, ok: true, due: due}
 	}
 	recordOutcome(ctx, o)
 	if o == OutcomeNegative {
@@ -76,21 +75,25 @@ func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, err erro
 
 // freshHit reports whether env, read at vkey for key, answers the read as
 // it is: a fresh value or negative entry (o says which), counted. A stale
-// value, an early refresh due or a pass mark is for the flight.
-func (c *Cache) freshHit(key, vkey string, env envelope) (o Outcome, fresh bool) {
+// value, an early refresh due or a pass mark is for the flight; due
+// reports the early refresh, which the flight takes as drawn here (set
+// flight.early) instead of drawing again.
+func (c *Cache) freshHit(key, vkey string, env envelope) (o Outcome, fresh, due bool) {
 	now := c.now()
-	if env.pass || !now.Before(env.softExp) || c.xfetchDue(env, now) {
-		return OutcomeUnknown, false
+	live := now.Before(env.softExp)
+	due = live && !env.pass && c.xfetchDue(env, now)
+	if env.pass || !live || due {
+		return OutcomeUnknown, false, due
 	}
 	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.fence, env.delta)
 	if env.negative {
 		c.stats.negativeHits.Add(1)
 		c.sig.lookup(key, OutcomeNegative)
-		return OutcomeNegative, true
+		return OutcomeNegative, true, false
 	}
 	c.stats.hits.Add(1)
 	c.sig.lookup(key, OutcomeHit)
-	return OutcomeHit, true
+	return OutcomeHit, true, false
 }
 
 // hitReply is a GET's reply, from the goroutine that sent it.
@@ -99,15 +102,18 @@ type hitReply struct {
 	err error
 }
 
-// readHit GETs vkey for a hit. With a ctx that cannot end (Background,
-// WithoutCancel) it sends the GET itself. Otherwise the GET runs in a
-// goroutine of its own and the caller leaves as soon as ctx ends or
-// Close is called (go-redis cannot give up a command it has sent, and its
-// client timeouts may be long); Close waits for that GET. The hand-off costs a
-// goroutine and two allocations, far less than the round trip.
+// readHit GETs vkey for a hit and records the result with the breaker.
+// With a ctx that cannot end (Background, WithoutCancel) it sends the GET
+// itself. Otherwise the GET runs in a goroutine of its own and the caller
+// leaves as soon as ctx ends or Close begins (go-redis cannot give up a
+// command it has sent, and its client timeouts may be long); Close waits
+// for that GET. The hand-off costs a goroutine and two allocations, far
+// less than the round trip.
 func (c *Cache) readHit(ctx context.Context, vkey string) ([]byte, error) {
 	if ctx.Done() == nil {
-		return c.readValue(ctx, vkey)
+		b, err := c.readValue(ctx, vkey)
+		c.account(err)
+		return b, err
 	}
 	h := hitCalls.Get().(*hitCall)
 	h.c, h.vkey = c, vkey
@@ -145,7 +151,25 @@ func (h *hitCall) run() {
 	c := h.c
 	defer c.wg.Done()
 	b, err := c.readValue(c.ctx, h.vkey)
+	// Here, not in the caller: a caller that left on its ctx would drop
+	// the result, and a stalled Redis would never open the breaker.
+	c.account(err)
 	h.reply <- hitReply{b, err}
+}
+
+// account records the result of a hit's GET with the breaker. The GET ran
+// under c.ctx or under a ctx that cannot end, so no error of it is a
+// caller's deadline or cancellation; one that came with Close is not
+// Redis's either.
+func (c *Cache) account(err error) {
+	switch {
+	case c.ctx.Err() != nil:
+		c.brk.probeDone() // Close, not Redis: no verdict (a Peek may probe)
+	case isInfraError(err):
+		c.redisFailed(err)
+	default:
+		c.redisAnswered() // a reply, an error reply included
+	}
 }
 
 // countCorrupt records bytes at a value key that are not an intact

@@ -381,7 +381,8 @@ func (m *manyCall) read(ctx context.Context) {
 			todo = append(todo, k)
 			continue
 		}
-		if o, fresh := c.freshHit(k.key, k.vkey, env); fresh {
+		o, fresh, due := c.freshHit(k.key, k.vkey, env)
+		if fresh {
 			// As Get's hit path: a fresh value or negative entry, counted.
 			if o == OutcomeNegative {
 				m.answer(k.key, nil, ErrNotFound)
@@ -392,7 +393,7 @@ func (m *manyCall) read(ctx context.Context) {
 		}
 		// Stale, an early refresh due, or a pass mark: as Get's flight.
 		f := m.newFlight(k)
-		f.seen = sent
+		f.seen, f.early = sent, due // the read's one early-refresh draw
 		if v, err, done := c.served(f, env); done {
 			c.sig.lookup(k.key, f.outcome)
 			m.answer(k.key, v, err)
@@ -434,7 +435,7 @@ func (m *manyCall) fly(ctx context.Context) {
 		k *manyKey
 		r singleflight.Result
 	}
-	for round := 0; len(m.todo) > 0; round++ {
+	for len(m.todo) > 0 {
 		results := make(chan keyResult, len(m.todo))
 		var mine []*member
 		for _, k := range m.todo {
@@ -457,7 +458,9 @@ func (m *manyCall) fly(ctx context.Context) {
 			case kr = <-results:
 			}
 			res := kr.r.Val.(*flightResult)
-			if round == 0 && !res.answers(m.joined, kr.k.writes, kr.r.Err) {
+			if !res.answers(m.joined, kr.k.writes, kr.r.Err) {
+				// Every round: a Get's flight that a key joins may answer
+				// from that Get's own earlier GET (see Get).
 				again = append(again, kr.k)
 				continue
 			}

@@ -98,19 +98,16 @@ func (c *Cache) peekRead(ctx context.Context, name string) (b []byte, there bool
 	if !c.brk.allow() {
 		return nil, false, errBreakerOpen
 	}
-	b, err = c.readHit(ctx, name)
+	b, err = c.readHit(ctx, name) // which gives the breaker the GET's verdict
 	switch {
 	case err == nil:
-		c.redisAnswered()
 		return b, true, nil
 	case ctx.Err() != nil:
-		return nil, false, ctx.Err() // the caller's, not Redis's: no verdict
+		return nil, false, ctx.Err() // the caller's, not Redis's
 	case errors.Is(err, ErrClosed) || c.ctx.Err() != nil:
 		return nil, false, ErrClosed
 	case isInfraError(err):
-		c.redisFailed(err)
 		return nil, false, err
 	}
-	c.redisAnswered() // redis.Nil, or a value of another type: no value
-	return nil, false, nil
+	return nil, false, nil // redis.Nil, or a value of another type: no value
 }

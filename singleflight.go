@@ -62,8 +62,12 @@ type flight struct {
 	gen generation
 
 	// pre is the read of the Get that started the flight (see hit.go):
-	// the flight starts from it instead of reading again.
-	pre *preRead
+	// the flight starts from it instead of reading again. early is that
+	// Get's early-refresh draw for pre's envelope, which served takes
+	// instead of drawing again (two draws would square XFetch's
+	// probability).
+	pre   *preRead
+	early bool
 
 	// commits, when set, pipelines the flight's COMMIT with those of the
 	// other keys a GetMany led (see commitBatch).
@@ -153,6 +157,7 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 	if pre := f.pre; pre != nil {
 		// The caller that started the flight has just read the key.
 		f.seen, env, ok, err = pre.sent, pre.env, pre.ok, pre.err
+		f.early = pre.due
 	} else {
 		env, ok, err = c.read(f)
 	}
@@ -255,6 +260,8 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 // a refresh). done is false when the envelope is past both.
 func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done bool) {
 	now := c.now()
+	early := f.early // drawn for the first envelope only
+	f.early = false
 	f.env = env
 	f.cur = currency{from: f.seen}
 	c.observeDelta(f, env.fence, env.delta)
@@ -280,7 +287,7 @@ func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done boo
 	switch {
 	case now.Before(env.softExp):
 		switch {
-		case c.xfetchDue(env, now):
+		case early || c.xfetchDue(env, now):
 			f.outcome = OutcomeEarlyRefresh
 			c.stats.earlyRefreshes.Add(1)
 			c.refreshAsync(f, env)
