@@ -95,6 +95,9 @@ type Cache struct {
 
 	now  func() time.Time // the clock for freshness; tests inject a fake
 	rand func() float64   // uniform in [0, 1) for XFetch; tests inject a seeded one
+
+	near     *near  // the near cache (see near.go); nil when off
+	nearChan string // the channel value-changing scripts publish on, near cache or not
 }
 
 // New returns a Cache on rdb: a *redis.Client, a *redis.ClusterClient, a
@@ -141,11 +144,15 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		backingOff: make(map[string]time.Time),
 		refreshSem: make(chan struct{}, cfg.MaxRefreshes),
 		genKey:     genKey(cfg.Prefix),
+		nearChan:   nearChannel(cfg.Prefix),
 		oneMaster:  isOneMaster(rdb),
 		now:        time.Now,
 		rand:       rand.Float64,
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if cfg.near.on {
+		c.near = c.newNear(cfg.near)
+	}
 	return c
 }
 
@@ -194,7 +201,17 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// such GET starts one flight at most (its caller takes that answer),
 	// so the rounds end.
 	joined, writes := time.Now(), c.writesOf(key)
-	val, err, done, pre := c.hit(ctx, key, vkey)
+	var val []byte
+	var done bool
+	var pre *preRead
+	if c.near != nil {
+		// Process memory first; a near miss's one GET per key and process
+		// answers, or starts the flight, as the hit's would.
+		val, err, done = c.nearGet(ctx, key)
+	}
+	if !done && pre == nil {
+		val, err, done, pre = c.hit(ctx, key, vkey)
+	}
 	if done {
 		return val, err
 	}
@@ -321,7 +338,7 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 		}
 		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, setScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
 			env, hard.Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds())
+			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 		if err := cmd.Err(); err != nil {
 			return err
 		}
@@ -350,7 +367,7 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	}
 	err = c.untilDone(ctx, key, func() error {
 		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
-			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds())
+			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 		if err := cmd.Err(); err != nil {
 			return err
 		}
@@ -395,7 +412,10 @@ func (c *Cache) track() (done func(), ok bool) {
 // stripe; wrote adds one (see currency). Keys share a stripe by hash: a
 // write of another key of the stripe only costs a caller a round trip.
 func (c *Cache) writesOf(key string) uint64 { return c.writes[stripe(key)].Load() }
-func (c *Cache) wrote(key string)           { c.writes[stripe(key)].Add(1) }
+func (c *Cache) wrote(key string) {
+	c.writes[stripe(key)].Add(1)
+	c.nearWrote(key) // this process's near copy goes before the write returns
+}
 
 var stripeSeed = maphash.MakeSeed()
 
@@ -425,6 +445,7 @@ func (c *Cache) Close() error {
 	c.abortOpenFills()
 	c.cancel()
 	c.wg.Wait()
+	c.near.close()
 	c.abortOpenFills() // Fills that a Begin already running made meanwhile
 	return c.locker.Close()
 }
@@ -523,6 +544,17 @@ type Stats struct {
 	Refreshes        uint64 // background refreshes that won the lease and ran the loader
 	RefreshErrors    uint64 // background refreshes whose loader failed (stale-if-error)
 	RefreshesDropped uint64 // background refreshes not started: the pool was full
+
+	// The near cache (Options.Near). These count calls, not flights: a
+	// near hit is a Get answered from process memory (its Outcome is
+	// OutcomeHit or OutcomeNegative; it is not counted in Hits). A near
+	// miss's fill is one GET per key per process; a fresh value it finds
+	// counts as a Hit.
+	NearHits          uint64 // Gets answered from the near cache
+	NearMisses        uint64 // Gets that found no usable near copy (they joined or started the key's fill)
+	NearBypassed      uint64 // Gets that skipped the near cache: a subscription unconfirmed, or a heartbeat older than Staleness
+	NearInvalidations uint64 // invalidation messages handled (on a Cluster each master delivers every message)
+	NearFlushes       uint64 // times the whole near cache was dropped (a lost connection, a topology change, a tag purge by this Cache, Close)
 }
 
 type counters struct {
@@ -531,6 +563,7 @@ type counters struct {
 	leads, follows, takeovers, notified, polled, waitTimeouts, fenced       atomic.Uint64
 	commitErrors, failOpen, breakerOpens                                    atomic.Uint64
 	staleServed, earlyRefreshes, refreshes, refreshErrors, refreshesDropped atomic.Uint64
+	nearHits, nearMisses, nearBypassed, nearInvalidations, nearFlushes      atomic.Uint64
 }
 
 func (s *counters) snapshot() Stats {
@@ -544,6 +577,8 @@ func (s *counters) snapshot() Stats {
 		FailOpen: s.failOpen.Load(), BreakerOpens: s.breakerOpens.Load(),
 		StaleServed: s.staleServed.Load(), EarlyRefreshes: s.earlyRefreshes.Load(),
 		Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),
-		RefreshesDropped: s.refreshesDropped.Load(),
+		RefreshesDropped: s.refreshesDropped.Load(), NearHits: s.nearHits.Load(),
+		NearMisses: s.nearMisses.Load(), NearBypassed: s.nearBypassed.Load(),
+		NearInvalidations: s.nearInvalidations.Load(), NearFlushes: s.nearFlushes.Load(),
 	}
 }
