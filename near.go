@@ -186,11 +186,12 @@ type near struct {
 
 // nearHooks let tests hold the subscriber at chosen points.
 type nearHooks struct {
-	receive     func(addr string)           // after a read from a connection, before it is handled
-	resubscribe func(addr string)           // before a connection subscribes again after a loss
-	applied     func(id nearID)             // after a message dropped a key
-	beforeFill  func(key string)            // a fill read Redis and is about to insert
-	topology    func(addrs map[string]bool) // after the set of masters was (re)read
+	receive     func(addr string, gen uint64, msg any, err error) // after a read of session gen, before it is handled
+	resubscribe func(addr string)                                 // before a connection subscribes again after a loss
+	applied     func(id nearID)                                   // after a message dropped a key
+	beforeFill  func(key string)                                  // a fill read Redis and is about to insert
+	joined      func(key string)                                  // a near miss joined (or started) its key's fill
+	topology    func(addrs map[string]bool)                       // after the set of masters was (re)read
 }
 
 func (c *Cache) newNear(cfg nearConfig) *near {
@@ -367,6 +368,9 @@ func (c *Cache) nearGet(ctx context.Context, key string) (val []byte, err error,
 	c.stats.nearMisses.Add(1)
 	writes := c.writesOf(key)
 	ch := n.fills.DoChan(key, func() (any, error) { return c.nearFill(key, id), nil })
+	if h := n.hooks.Load(); h != nil && h.joined != nil {
+		h.joined(key)
+	}
 	select {
 	case <-ctx.Done():
 		return nil, ctx.Err(), true
@@ -614,8 +618,10 @@ type nearConn struct {
 	cancel context.CancelFunc
 
 	// Under n.mu.
-	confirmed bool  // the current session's SUBSCRIBE was confirmed
-	lastAck   int64 // mono() of the PING whose PONG was handled last in this session; 0: none
+	gen       uint64 // the current session; confirm, ack and lost of an older one are ignored
+	ended     bool   // the current session was lost: a late confirmation does not revive it
+	confirmed bool   // the current session's SUBSCRIBE was confirmed
+	lastAck   int64  // mono() of the PING whose PONG was handled last in this session; 0: none
 }
 
 func (n *near) addConnLocked(addr string, newPS func() *redis.PubSub) {
@@ -661,11 +667,16 @@ func (cn *nearConn) run() {
 // the subscription was confirmed. Whatever ends it flushes the near cache.
 func (cn *nearConn) session() (confirmed bool) {
 	n := cn.n
+	n.mu.Lock()
+	cn.gen++
+	gen := cn.gen
+	cn.ended, cn.confirmed, cn.lastAck = false, false, 0
+	n.mu.Unlock()
 	ps := cn.newPS()
 	start := n.mono()
 	var wasConfirmed atomic.Bool
 	var lostOnce sync.Once
-	lost := func() { lostOnce.Do(func() { cn.lost(wasConfirmed.Load()) }) }
+	lost := func() { lostOnce.Do(func() { cn.lost(gen, wasConfirmed.Load()) }) }
 	defer lost()
 	if err := ps.Subscribe(cn.ctx, n.channel); err != nil {
 		_ = ps.Close()
@@ -678,7 +689,7 @@ func (cn *nearConn) session() (confirmed bool) {
 		defer n.wg.Done()
 		defer close(done)
 		defer lost()
-		cn.receive(ps, start, func() {
+		cn.receive(ps, gen, start, func() {
 			wasConfirmed.Store(true)
 			confirmedC <- struct{}{}
 		})
@@ -725,13 +736,13 @@ func (cn *nearConn) session() (confirmed bool) {
 }
 
 // receive reads the session's connection until it fails or is closed.
-func (cn *nearConn) receive(ps *redis.PubSub, start int64, onConfirm func()) {
+func (cn *nearConn) receive(ps *redis.PubSub, gen uint64, start int64, onConfirm func()) {
 	n := cn.n
 	subscribed := false
 	for {
 		msg, err := ps.ReceiveTimeout(cn.ctx, 0)
 		if h := n.hooks.Load(); h != nil && h.receive != nil {
-			h.receive(cn.addr)
+			h.receive(cn.addr, gen, msg, err)
 		}
 		if err != nil {
 			return
@@ -744,7 +755,7 @@ func (cn *nearConn) receive(ps *redis.PubSub, start int64, onConfirm func()) {
 		case *redis.Pong:
 			sent, err := strconv.ParseInt(m.Payload, 10, 64)
 			if err == nil && subscribed && sent >= start {
-				cn.ack(sent)
+				cn.ack(gen, sent)
 			}
 		case *redis.Subscription:
 			if m.Channel != n.channel {
@@ -756,24 +767,32 @@ func (cn *nearConn) receive(ps *redis.PubSub, start int64, onConfirm func()) {
 				return
 			}
 			subscribed = true
-			cn.confirm()
-			onConfirm()
+			if cn.confirm(gen) {
+				onConfirm()
+			}
 		}
 	}
 }
 
-func (cn *nearConn) confirm() {
+// confirm records session gen's subscription confirmation, unless the
+// session already ended. It reports whether it did.
+func (cn *nearConn) confirm(gen uint64) bool {
 	n := cn.n
 	n.mu.Lock()
+	defer n.mu.Unlock()
+	if cn.gen != gen || cn.ended {
+		return false
+	}
 	cn.confirmed, cn.lastAck = true, 0
 	n.recomputeLocked()
-	n.mu.Unlock()
+	return true
 }
 
-func (cn *nearConn) ack(sent int64) {
+// ack records the PONG of a PING sent at sent, in session gen.
+func (cn *nearConn) ack(gen uint64, sent int64) {
 	n := cn.n
 	n.mu.Lock()
-	if cn.confirmed && sent > cn.lastAck {
+	if cn.gen == gen && cn.confirmed && !cn.ended && sent > cn.lastAck {
 		cn.lastAck = sent
 		n.recomputeLocked()
 	}
@@ -784,10 +803,12 @@ func (cn *nearConn) ack(sent int64) {
 // been confirmed, everything near is dropped (messages may have been
 // missed). A session never confirmed had no part in what is stored: the
 // near cache has not been live since this connection's last loss.
-func (cn *nearConn) lost(confirmed bool) {
+func (cn *nearConn) lost(gen uint64, confirmed bool) {
 	n := cn.n
 	n.mu.Lock()
-	cn.confirmed, cn.lastAck = false, 0
+	if cn.gen == gen {
+		cn.ended, cn.confirmed, cn.lastAck = true, false, 0
+	}
 	n.recomputeLocked()
 	n.mu.Unlock()
 	if confirmed {
