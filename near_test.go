@@ -527,7 +527,9 @@ func TestNearFillRacesWrite(t *testing.T) {
 				t.Fatal(err)
 			}
 			if w == a {
-				waitFor(t, 5*time.Second, "the message", func() bool { return b.Stats().NearInvalidations > 0 && b.near.seq[nearStripe(nearIDOf(key))].Load() > 0 })
+				waitFor(t, 5*time.Second, "the message", func() bool {
+					return b.Stats().NearInvalidations > 0 && b.near.seq[nearStripe(nearIDOf(key))].Load() > 0
+				})
 			}
 			late := make(chan string, 1)
 			go func() {
