@@ -502,9 +502,11 @@ func TestNearFillRacesWrite(t *testing.T) {
 	for _, writer := range []string{"this process", "another process"} {
 		t.Run(writer, func(t *testing.T) {
 			key := "near-race-" + strings.ReplaceAll(writer, " ", "-")
+			heard := b.Stats().NearInvalidations
 			if err := a.Set(ctx, key, []byte("old"), time.Minute); err != nil {
 				t.Fatal(err)
 			}
+			waitFor(t, 5*time.Second, "the message of the first write", func() bool { return b.Stats().NearInvalidations == heard+1 })
 			fill, joined := newGate(), make(chan struct{}, 8)
 			setHooks(b, &nearHooks{
 				beforeFill: func(string) { fill.pass() },
@@ -523,13 +525,12 @@ func TestNearFillRacesWrite(t *testing.T) {
 			if writer == "another process" {
 				w = a
 			}
+			heard = b.Stats().NearInvalidations
 			if err := w.Set(ctx, key, []byte("new"), time.Minute); err != nil {
 				t.Fatal(err)
 			}
 			if w == a {
-				waitFor(t, 5*time.Second, "the message", func() bool {
-					return b.Stats().NearInvalidations > 0 && b.near.seq[nearStripe(nearIDOf(key))].Load() > 0
-				})
+				waitFor(t, 5*time.Second, "the message", func() bool { return b.Stats().NearInvalidations == heard+1 })
 			}
 			late := make(chan string, 1)
 			go func() {
