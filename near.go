@@ -188,7 +188,7 @@ type near struct {
 type nearHooks struct {
 	receive     func(addr string, gen uint64, msg any, err error) // after a read of session gen, before it is handled
 	resubscribe func(addr string)                                 // before a connection subscribes again after a loss
-	applied     func(id nearID)                                   // after a message dropped a key
+	applied     func(id nearID, fence uint64)                     // after a message dropped a key
 	beforeFill  func(key string)                                  // a fill read Redis and is about to insert
 	joined      func(key string)                                  // a near miss joined (or started) its key's fill
 	topology    func(addrs map[string]bool)                       // after the set of masters was (re)read
@@ -320,7 +320,7 @@ func (n *near) apply(payload string) {
 	n.drop(id, fence)
 	n.c.stats.nearInvalidations.Add(1)
 	if h := n.hooks.Load(); h != nil && h.applied != nil {
-		h.applied(id)
+		h.applied(id, fence)
 	}
 }
 
