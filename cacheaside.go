@@ -423,7 +423,8 @@ func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other
-// processes at once), and stops the pub/sub connection. Callers still
+// processes at once), and stops the pub/sub connections (the near
+// cache, when on, stops serving first). Callers still
 // waiting in Get, Fetch, Begin or Peek return [ErrClosed] at once, but
 // for a Get or Peek whose ctx cannot end and whose GET is under way: it
 // returns when that GET does (see [Cache.Get]). A Redis
@@ -442,10 +443,10 @@ func (c *Cache) Close() error {
 	c.closed = true
 	c.closing.Store(true)
 	c.mu.Unlock()
+	c.near.close() // near hits stop before anything else
 	c.abortOpenFills()
 	c.cancel()
 	c.wg.Wait()
-	c.near.close()
 	c.abortOpenFills() // Fills that a Begin already running made meanwhile
 	return c.locker.Close()
 }

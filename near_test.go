@@ -948,3 +948,127 @@ func TestNearCloseAndCancel(t *testing.T) {
 	}
 	goleak.VerifyNone(t, baseline)
 }
+
+// A Redis that stops answering (SIGSTOP): the heartbeat goes unanswered,
+// so the near cache stops serving within the bound and Get fails open as
+// it does without one; it serves again once Redis answers.
+func TestNearRedisPaused(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newNearCache(t, srv.Client(t, func(o *redis.Options) {
+		o.ReadTimeout, o.WriteTimeout, o.MaxRetries = 200*time.Millisecond, 200*time.Millisecond, -1
+	}), NearOptions{}, func(o *Options) { o.LoadTimeout = 5 * time.Second })
+	ctx := context.Background()
+	const key = "near-paused"
+	if err := b.Set(ctx, key, []byte("cached"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the Set's message", func() bool { return b.Stats().NearInvalidations == 1 })
+	warm(t, b, key, "cached")
+	srv.Pause(t)
+	paused := time.Now()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume(t)
+		}
+	}()
+	waitFor(t, 5*time.Second, "the near cache to stop serving", func() bool { return !b.near.serving() })
+	if d := time.Since(paused); d > nearTestStaleness+100*time.Millisecond {
+		t.Logf("stopped serving %v after the pause (bound %v: measured from the last answered PING, sent before the pause)", d, nearTestStaleness)
+	}
+	v, err := b.Get(ctx, key, time.Minute, func(context.Context) ([]byte, error) { return []byte("local"), nil })
+	if err != nil || string(v) != "local" {
+		t.Fatalf("Redis paused: Get = %q, %v; want the local load", v, err)
+	}
+	srv.Resume(t)
+	resumed = true
+	waitServing(t, b)
+	waitFor(t, 10*time.Second, "Gets through Redis again", func() bool {
+		v, err := b.Get(ctx, key, time.Minute, noLoad(t))
+		return err == nil && string(v) == "cached"
+	})
+	warm(t, b, key, "cached")
+}
+
+// A Ring: one connection per shard, and a write on either reaches the
+// near cache.
+func TestNearRing(t *testing.T) {
+	s1, s2 := redistest.Start(t), redistest.Start(t)
+	ring := func() *redis.Ring {
+		r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": s1.Addr(), "b": s2.Addr()}})
+		t.Cleanup(func() { r.Close() })
+		return r
+	}
+	a := newTestCache(t, ring(), nil)
+	b := newNearCache(t, ring(), NearOptions{}, nil)
+	b.near.mu.Lock()
+	conns := len(b.near.conns)
+	b.near.mu.Unlock()
+	if conns != 2 {
+		t.Fatalf("%d subscriber connections, want one per shard (2)", conns)
+	}
+	ctx := context.Background()
+	shards := map[string]bool{}
+	r := ring()
+	for i := range 12 {
+		key := "near-ring-" + strconv.Itoa(i)
+		sh, err := r.GetShardClientForKey(mustKeys(t, key).value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shards[sh.Options().Addr] = true
+		if err := a.Set(ctx, key, []byte("old"), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		warm(t, b, key, "old")
+		if err := a.Set(ctx, key, []byte("new"), time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 5*time.Second, "b's copy of "+key+" to be dropped", func() bool { return !nearHas(b, key) })
+		if got := getString(t, b, key); got != "new" {
+			t.Fatalf("%s: %q", key, got)
+		}
+	}
+	if len(shards) != 2 {
+		t.Fatalf("the keys cover %d shards", len(shards))
+	}
+}
+
+// Bad input goes where it goes without the near cache.
+func TestNearBadInput(t *testing.T) {
+	srv := redistest.Start(t)
+	b := newNearCache(t, srv.Client(t), NearOptions{}, nil)
+	ctx := context.Background()
+	if _, err := b.Get(ctx, "", time.Minute, noLoad(t)); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("empty key: %v", err)
+	}
+	if _, err := b.Get(ctx, "k", 0, noLoad(t)); !errors.Is(err, ErrInvalidTTL) {
+		t.Errorf("zero ttl: %v", err)
+	}
+	if _, err := b.Get(ctx, "k", time.Minute, nil); !errors.Is(err, ErrNilLoader) {
+		t.Errorf("nil loader: %v", err)
+	}
+	if _, err := Fetch(ctx, b, "", time.Minute, func(context.Context) (int, error) { return 1, nil }); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("Fetch, empty key: %v", err)
+	}
+	// A value written outside herd that is no envelope: a miss, counted
+	// once (by the flight), rebuilt, then near.
+	rdb := srv.Client(t)
+	rdb.Set(ctx, mustKeys(t, "near-corrupt").value, "not an envelope", 0)
+	v, err := b.Get(ctx, "near-corrupt", time.Minute, func(context.Context) ([]byte, error) { return []byte("rebuilt"), nil })
+	if err != nil || string(v) != "rebuilt" || b.Stats().Corrupt != 1 {
+		t.Fatalf("corrupt value: %q, %v, corrupt %d", v, err, b.Stats().Corrupt)
+	}
+	warm(t, b, "near-corrupt", "rebuilt")
+	n, err := Fetch(ctx, b, "near-fetch", time.Minute, func(context.Context) (int, error) { return 42, nil })
+	if err != nil || n != 42 {
+		t.Fatal(n, err)
+	}
+	waitFor(t, 5*time.Second, "a near copy for Fetch", func() bool {
+		n, err := Fetch(ctx, b, "near-fetch", time.Minute, func(context.Context) (int, error) { return 0, errors.New("no") })
+		if err != nil || n != 42 {
+			t.Fatal(n, err)
+		}
+		return nearHas(b, "near-fetch")
+	})
+}
