@@ -207,7 +207,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	if c.near != nil {
 		// Process memory first; a near miss's one GET per key and process
 		// answers, or starts the flight, as the hit's would.
-		val, err, done = c.nearGet(ctx, key)
+		val, err, done, pre = c.nearGet(ctx, key, vkey)
 	}
 	if !done && pre == nil {
 		val, err, done, pre = c.hit(ctx, key, vkey)

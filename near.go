@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"math"
 	"strconv"
@@ -344,51 +343,66 @@ func (c *Cache) nearWroteAll() {
 type nearResult struct {
 	val      []byte // aliases the entry: copy before handing it out
 	negative bool
-	ok       bool   // a fresh value or negative entry was read
-	writes   uint64 // the key's local write count before the GET (see currency)
+	ok       bool     // a fresh value or negative entry was read
+	pre      *preRead // otherwise, the read for the flight (nil: none was made)
+	sent     int64    // mono() when the GET was sent
+	writes   uint64   // the key's local write count before the GET (see currency)
 }
 
 // nearGet answers Get from the near cache, or with the answer of the
 // key's fill, which it joins or starts. done is false when Get must go
-// on (the near cache is not serving, or Redis had nothing fresh).
-func (c *Cache) nearGet(ctx context.Context, key string) (val []byte, err error, done bool) {
+// on: then pre, if not nil, is the fill's read, which the flight starts
+// from, as it does from a hit's (see hit.go); with pre nil, Get reads
+// itself (the near cache is not serving, or the fill's read is not
+// current for this caller).
+func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err error, done bool, pre *preRead) {
 	n := c.near
-	if key == "" {
-		return nil, nil, false
-	}
 	if !n.serving() {
 		c.stats.nearBypassed.Add(1)
-		return nil, nil, false
+		return nil, nil, false, nil
 	}
 	id := nearIDOf(key)
 	if e, ok := n.store.GetIfPresent(id); ok && e.epoch == n.epoch.Load() && c.now().Before(e.expires) {
 		c.stats.nearHits.Add(1)
-		return c.nearAnswer(ctx, key, e.val, e.negative)
+		val, err := c.nearAnswer(ctx, key, e.val, e.negative)
+		return val, err, true, nil
 	}
 	c.stats.nearMisses.Add(1)
-	writes := c.writesOf(key)
-	ch := n.fills.DoChan(key, func() (any, error) { return c.nearFill(key, id), nil })
+	entered, writes := n.mono(), c.writesOf(key)
+	ch := n.fills.DoChan(key, func() (any, error) { return c.nearFill(key, vkey, id), nil })
 	if h := n.hooks.Load(); h != nil && h.joined != nil {
 		h.joined(key)
 	}
 	select {
 	case <-ctx.Done():
-		return nil, ctx.Err(), true
+		return nil, ctx.Err(), true, nil
 	case <-c.ctx.Done():
-		return nil, ErrClosed, true
+		return nil, ErrClosed, true, nil
 	case r := <-ch:
 		res := r.Val.(*nearResult)
-		if !res.ok || res.writes != writes {
-			// Nothing fresh, or a write of this process returned after
-			// the GET may have been sent: the flight decides.
-			return nil, nil, false
+		if res.writes != writes {
+			// A write of this process returned after the GET may have
+			// been sent: read again.
+			return nil, nil, false, nil
 		}
-		return c.nearAnswer(ctx, key, res.val, res.negative)
+		if !res.ok {
+			if res.sent < entered {
+				return nil, nil, false, nil // the flight would not take it for this caller
+			}
+			return nil, nil, false, res.pre
+		}
+		if entered-res.sent > int64(n.cfg.staleness) {
+			// Joined later than Staleness after the GET was sent: a
+			// write another process made in between may be missing.
+			return nil, nil, false, nil
+		}
+		val, err := c.nearAnswer(ctx, key, res.val, res.negative)
+		return val, err, true, nil
 	}
 }
 
 // nearAnswer is a near hit's or a fill's answer to one caller.
-func (c *Cache) nearAnswer(ctx context.Context, key string, val []byte, negative bool) ([]byte, error, bool) {
+func (c *Cache) nearAnswer(ctx context.Context, key string, val []byte, negative bool) ([]byte, error) {
 	o := OutcomeHit
 	if negative {
 		o = OutcomeNegative
@@ -396,15 +410,17 @@ func (c *Cache) nearAnswer(ctx context.Context, key string, val []byte, negative
 	recordOutcome(ctx, o)
 	c.sig.lookup(key, o)
 	if negative {
-		return nil, ErrNotFound, true
+		return nil, ErrNotFound
 	}
-	return bytes.Clone(val), nil, true
+	return bytes.Clone(val), nil
 }
 
 // nearFill reads key from Redis for the near cache, and stores it there
 // when it is fresh. It runs detached from the callers (they wait on the
 // fill with their own contexts), bounded by the client's timeouts.
-func (c *Cache) nearFill(key string, id nearID) (res *nearResult) {
+// Anything but a fresh value or negative entry goes to the flight, as the
+// hit path's read does (see hit.go).
+func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 	res = &nearResult{}
 	done, ok := c.track()
 	if !ok {
@@ -418,31 +434,33 @@ func (c *Cache) nearFill(key string, id nearID) (res *nearResult) {
 	}()
 	n := c.near
 	snap := n.snapshot(id)
-	if !snap.live {
-		return res
-	}
 	res.writes = c.writesOf(key)
-	keys, err := makeKeys(c.cfg.Prefix, key)
-	if err != nil || !c.brk.allow() {
-		return res
+	if !snap.live || c.brk.troubled.Load() {
+		return res // the flight asks the breaker
 	}
-	b, err := c.readValue(c.ctx, keys.value)
+	sent := time.Now()
+	res.sent = n.mono()
+	b, err := c.readValue(c.ctx, vkey)
 	switch {
-	case errors.Is(err, context.Canceled):
-		c.brk.probeDone()
+	case err == nil:
+	case c.ctx.Err() != nil:
 		return res
-	case err != nil && isInfraError(err):
+	case isInfraError(err):
 		c.redisFailed(err)
+		res.pre = &preRead{sent: sent, err: err}
 		return res
 	}
 	c.redisAnswered()
+	res.pre = &preRead{sent: sent}
 	if err != nil {
-		return res // a miss: the flight rebuilds
+		return res // redis.Nil or a wrong-type reply: a miss
 	}
 	env, ok := decodeEnvelope(b)
-	if !ok || env.pass {
-		return res // the flight counts a corrupt value, and rebuilds over a pass mark
+	if !ok {
+		c.countCorrupt(key, len(b))
+		return res
 	}
+	res.pre.env, res.pre.ok = env, true
 	now := c.now()
 	exp := now.Add(n.cfg.maxAge)
 	soft := env.softExp
@@ -452,10 +470,10 @@ func (c *Cache) nearFill(key string, id nearID) (res *nearResult) {
 	if soft.Before(exp) {
 		exp = soft
 	}
-	if !now.Before(exp) {
-		return res // stale, or where XFetch may refresh: the flight decides
+	if env.pass || !now.Before(exp) {
+		return res // stale, a pass mark, or where XFetch may refresh: the flight decides
 	}
-	c.calib.observeRebuild(keys.value, key, c.cfg.classLabel, env.fence, env.delta)
+	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.fence, env.delta)
 	if env.negative {
 		c.stats.negativeHits.Add(1)
 	} else {
@@ -465,7 +483,7 @@ func (c *Cache) nearFill(key string, id nearID) (res *nearResult) {
 		h.beforeFill(key)
 	}
 	n.insert(id, nearEntry{val: env.payload, fence: env.fence, expires: exp, negative: env.negative, epoch: snap.epoch}, snap)
-	res.val, res.negative, res.ok = env.payload, env.negative, true
+	res.val, res.negative, res.ok, res.pre = env.payload, env.negative, true, nil
 	return res
 }
 

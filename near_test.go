@@ -1072,3 +1072,93 @@ func TestNearBadInput(t *testing.T) {
 		return nearHas(b, "near-fetch")
 	})
 }
+
+// A caller that joins a fill more than Staleness after the fill's GET was
+// sent does not take its answer: another process's write may have
+// returned in between (here it did, and its message came).
+func TestNearFillJoinerBound(t *testing.T) {
+	srv := redistest.Start(t)
+	a := newTestCache(t, srv.Client(t), nil)
+	b := newNearCache(t, srv.Client(t), NearOptions{}, nil)
+	ctx := context.Background()
+	const key = "near-joiner"
+	heard := b.Stats().NearInvalidations
+	if err := a.Set(ctx, key, []byte("old"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the first write's message", func() bool { return b.Stats().NearInvalidations == heard+1 })
+	fill, joined := newGate(), make(chan struct{}, 8)
+	setHooks(b, &nearHooks{
+		beforeFill: func(string) { fill.pass() },
+		joined:     func(string) { joined <- struct{}{} },
+	})
+	fill.close()
+	defer fill.release()
+	sent := time.Now() // before the fill's GET is sent
+	first := make(chan string, 1)
+	go func() {
+		v, _ := b.Get(ctx, key, time.Minute, noLoad(t))
+		first <- string(v)
+	}()
+	<-joined
+	waitFor(t, 5*time.Second, "the fill to read Redis", func() bool { return fill.passed.Load() == 1 })
+	if err := a.Set(ctx, key, []byte("new"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the second write's message", func() bool { return b.Stats().NearInvalidations == heard+2 })
+	time.Sleep(time.Until(sent.Add(nearTestStaleness + 10*time.Millisecond)))
+	late := make(chan string, 1)
+	go func() {
+		v, _ := b.Get(ctx, key, time.Minute, noLoad(t))
+		late <- string(v)
+	}()
+	<-joined
+	fill.release()
+	if got := <-late; got != "new" {
+		t.Fatalf("a caller that joined the fill %v after its GET, after another process's write returned, got %q", nearTestStaleness, got)
+	}
+	t.Logf("the first caller got %q", <-first)
+}
+
+// InvalidateSoft drops near copies like Invalidate: the old value is then
+// served as a stale hit from Redis while one rebuild runs, never from
+// memory.
+func TestNearInvalidateSoft(t *testing.T) {
+	srv := redistest.Start(t)
+	opts := func(o *Options) { o.StaleFor = time.Minute }
+	a := newTestCache(t, srv.Client(t), &Options{StaleFor: time.Minute})
+	b := newNearCache(t, srv.Client(t), NearOptions{}, opts)
+	ctx := context.Background()
+	const key = "near-soft"
+	if err := a.Set(ctx, key, []byte("v1"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	warm(t, b, key, "v1")
+	if err := a.InvalidateSoft(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "b's copy to be dropped", func() bool { return !nearHas(b, key) })
+	rebuilt := make(chan struct{})
+	var o Outcome
+	v, err := b.Get(WithOutcome(ctx, &o), key, time.Minute, func(context.Context) ([]byte, error) {
+		defer close(rebuilt)
+		return []byte("v2"), nil
+	})
+	if err != nil || string(v) != "v1" || o != OutcomeStale {
+		t.Fatalf("after a's soft invalidation: %q, %v, %v; want the stale v1 from Redis", v, err, o)
+	}
+	<-rebuilt
+	warm(t, b, key, "v2")
+
+	// This process's own: dropped before InvalidateSoft returns.
+	g := newGate()
+	setHooks(b, &nearHooks{receive: func(string, uint64, any, error) { g.pass() }})
+	g.close()
+	defer g.release()
+	if err := b.InvalidateSoft(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	if nearHas(b, key) {
+		t.Fatal("b's own soft invalidation left its near copy")
+	}
+}
