@@ -1162,3 +1162,31 @@ func TestNearInvalidateSoft(t *testing.T) {
 		t.Fatal("b's own soft invalidation left its near copy")
 	}
 }
+
+// A fill that finds nothing fresh hands its read to the flight, as the
+// hit path does: a stale value costs one GET, not two.
+func TestNearFillReadGoesToFlight(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	var gets atomic.Int64
+	const key = "near-stale-read"
+	rdb.AddHook(countGets{key: mustKeys(t, key).value, n: &gets})
+	clock := newFakeClock()
+	b := newNearCache(t, rdb, NearOptions{}, func(o *Options) { o.StaleFor = time.Hour })
+	b.now = clock.Now
+	rawSetEnv(t, srv.Client(t), key, b.newEnvelope(0, []byte("v1"), time.Second, time.Hour, 0))
+	clock.Advance(2 * time.Second)
+	refreshed := make(chan struct{})
+	var o Outcome
+	v, err := b.Get(WithOutcome(context.Background(), &o), key, time.Minute, func(context.Context) ([]byte, error) {
+		defer close(refreshed)
+		return []byte("v2"), nil
+	})
+	if err != nil || string(v) != "v1" || o != OutcomeStale {
+		t.Fatalf("stale: %q, %v, %v", v, err, o)
+	}
+	<-refreshed
+	if n := gets.Load(); n != 1 {
+		t.Fatalf("a stale Get sent %d GETs, want 1", n)
+	}
+}
