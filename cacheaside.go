@@ -183,6 +183,11 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	if err := checkTTL(ttl); err != nil {
 		return nil, err
 	}
+	if c.near != nil {
+		if val, err, ok := c.nearHit(ctx, key); ok {
+			return val, err
+		}
+	}
 	vkey, err := valueKey(c.cfg.Prefix, key)
 	if err != nil {
 		return nil, err
@@ -201,17 +206,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// such GET starts one flight at most (its caller takes that answer),
 	// so the rounds end.
 	joined, writes := time.Now(), c.writesOf(key)
-	var val []byte
-	var done bool
-	var pre *preRead
-	if c.near != nil {
-		// Process memory first; a near miss's one GET per key and process
-		// answers, or starts the flight, as the hit's would.
-		val, err, done, pre = c.nearGet(ctx, key, vkey)
-	}
-	if !done && pre == nil {
-		val, err, done, pre = c.hit(ctx, key, vkey)
-	}
+	val, err, done, pre := c.lookup(ctx, key, vkey)
 	if done {
 		return val, err
 	}

@@ -136,12 +136,16 @@ type nearID = [sha256.Size]byte
 
 func nearIDOf(key string) nearID { return sha256.Sum256([]byte(key)) }
 
+// nearTagLen is the length of a hash tag T: unpadded base64url of 32 bytes.
+const nearTagLen = 43
+
 // nearIDOfTag decodes a hash tag T.
 func nearIDOfTag(t string) (id nearID, ok bool) {
-	if len(t) != base64.RawURLEncoding.EncodedLen(sha256.Size) {
+	if len(t) != nearTagLen {
 		return id, false
 	}
-	n, err := base64.RawURLEncoding.Decode(id[:], []byte(t))
+	var buf [nearTagLen]byte
+	n, err := base64.RawURLEncoding.Decode(id[:], append(buf[:0], t...))
 	return id, err == nil && n == sha256.Size
 }
 
@@ -304,15 +308,14 @@ func (n *near) flush() {
 
 // apply handles a message "<T><fence>".
 func (n *near) apply(payload string) {
-	const tl = 43 // base64url of 32 bytes, unpadded
-	if len(payload) <= tl {
+	if len(payload) <= nearTagLen {
 		return
 	}
-	id, ok := nearIDOfTag(payload[:tl])
+	id, ok := nearIDOfTag(payload[:nearTagLen])
 	if !ok {
 		return
 	}
-	fence, err := strconv.ParseUint(payload[tl:], 10, 64)
+	fence, err := strconv.ParseUint(payload[nearTagLen:], 10, 64)
 	if err != nil {
 		return
 	}
@@ -349,20 +352,40 @@ type nearResult struct {
 	writes   uint64   // the key's local write count before the GET (see currency)
 }
 
-// nearGet answers Get from the near cache, or with the answer of the
-// key's fill, which it joins or starts. done is false when Get must go
-// on: then pre, if not nil, is the fill's read, which the flight starts
-// from, as it does from a hit's (see hit.go); with pre nil, Get reads
-// itself (the near cache is not serving, or the fill's read is not
-// current for this caller).
+// nearHit answers Get from process memory, before anything else of Get:
+// ok is false when there is no copy to serve (or the near cache is not
+// serving).
+func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error, ok bool) {
+	n := c.near
+	if key == "" || !n.serving() || c.closing.Load() {
+		return nil, nil, false
+	}
+	e, found := n.store.GetIfPresent(nearIDOf(key))
+	if !found || e.epoch != n.epoch.Load() || !c.now().Before(e.expires) {
+		return nil, nil, false
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err, true
+	}
+	c.stats.nearHits.Add(1)
+	val, err = c.nearAnswer(ctx, key, e.val, e.negative)
+	return val, err, true
+}
+
+// nearGet is a near miss: it joins or starts the key's fill and answers
+// with it. done is false when Get must go on: then pre, if not nil, is
+// the fill's read, which the flight starts from, as it does from a hit's
+// (see hit.go); with pre nil, Get reads itself (the near cache is not
+// serving, or the fill's read is not current for this caller).
 func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err error, done bool, pre *preRead) {
 	n := c.near
 	if !n.serving() {
 		c.stats.nearBypassed.Add(1)
 		return nil, nil, false, nil
 	}
-	id := nearIDOf(key)
+	id, _ := nearIDOfTag(vkey[len(c.cfg.Prefix)+2 : len(c.cfg.Prefix)+2+nearTagLen]) // P:{T}:v
 	if e, ok := n.store.GetIfPresent(id); ok && e.epoch == n.epoch.Load() && c.now().Before(e.expires) {
+		// A fill that ended since nearHit looked.
 		c.stats.nearHits.Add(1)
 		val, err := c.nearAnswer(ctx, key, e.val, e.negative)
 		return val, err, true, nil
@@ -399,6 +422,17 @@ func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err 
 		val, err := c.nearAnswer(ctx, key, res.val, res.negative)
 		return val, err, true, nil
 	}
+}
+
+// lookup is Get's read before the flight: the near cache when it is on,
+// then, unless it answered or read for the flight, the hit path.
+func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, err error, done bool, pre *preRead) {
+	if c.near != nil {
+		if val, err, done, pre = c.nearGet(ctx, key, vkey); done || pre != nil {
+			return val, err, done, pre
+		}
+	}
+	return c.hit(ctx, key, vkey)
 }
 
 // nearAnswer is a near hit's or a fill's answer to one caller.

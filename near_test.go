@@ -1148,6 +1148,10 @@ func TestNearInvalidateSoft(t *testing.T) {
 		t.Fatalf("after a's soft invalidation: %q, %v, %v; want the stale v1 from Redis", v, err, o)
 	}
 	<-rebuilt
+	waitFor(t, 5*time.Second, "the rebuild's commit", func() bool {
+		v, err := b.Get(ctx, key, time.Minute, func(context.Context) ([]byte, error) { return []byte("v2"), nil })
+		return err == nil && string(v) == "v2"
+	})
 	warm(t, b, key, "v2")
 
 	// This process's own: dropped before InvalidateSoft returns.
