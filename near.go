@@ -22,9 +22,10 @@ import (
 // lease). docs/design.md ("Near cache") has the staleness proof; this is
 // the mechanism.
 //
-//   - Every script that changes a value (COMMIT, SET, INVALIDATE, and so
-//     the leaders' and refreshes' commits, Fill.Commit, Fill.Pass, Set,
-//     Invalidate and a tag purge's invalidations) also PUBLISHes, with
+//   - Every script that changes a value (COMMIT, SET, INVALIDATE, SOFT,
+//     and so the leaders' and refreshes' commits, Fill.Commit, Fill.Pass,
+//     Set, Invalidate, InvalidateSoft and a tag purge's invalidations)
+//     also PUBLISHes, with
 //     classic PUBLISH, "<T><fence>" on the channel "<prefix>:near" (T the
 //     key's hash tag, fence the write's). Every Cache publishes, whether
 //     or not its own near cache is on.
@@ -57,8 +58,8 @@ type NearOptions struct {
 	MaxEntries int
 
 	// MaxBytes bounds the near cache by the bytes it holds: each value's
-	// payload plus nearEntryOverhead (128 bytes) for its key and
-	// bookkeeping. Use MaxEntries or MaxBytes, not both.
+	// payload plus 128 bytes for its key and bookkeeping. Use MaxEntries
+	// or MaxBytes, not both.
 	MaxBytes int64
 
 	// MaxAge caps how long a value is served from process memory after it
@@ -194,7 +195,6 @@ type nearHooks struct {
 	applied     func(id nearID, fence uint64)                     // after a message dropped a key
 	beforeFill  func(key string)                                  // a fill read Redis and is about to insert
 	joined      func(key string)                                  // a near miss joined (or started) its key's fill
-	topology    func(addrs map[string]bool)                       // after the set of masters was (re)read
 }
 
 func (c *Cache) newNear(cfg nearConfig) *near {
@@ -650,13 +650,6 @@ func (n *near) watchTopology(discover func(context.Context) (map[string]*redis.C
 		n.mu.Unlock()
 		if changed && had {
 			n.flush()
-		}
-		if h := n.hooks.Load(); h != nil && h.topology != nil {
-			addrs := make(map[string]bool, len(found))
-			for a := range found {
-				addrs[a] = true
-			}
-			h.topology(addrs)
 		}
 	}
 }
