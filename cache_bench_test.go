@@ -92,6 +92,38 @@ func BenchmarkHit(b *testing.B) {
 			}
 		})
 	})
+
+	// The near cache (Options.Near): the same hit from process memory (a
+	// copy of the 512 bytes each time), with its heartbeat running.
+	near := newNearCache(b, srv.Client(b), NearOptions{MaxAge: time.Hour}, nil)
+	warmNear := func(b *testing.B) {
+		for !nearHas(near, "hit") {
+			if _, err := near.Get(ctx, "hit", time.Hour, fail); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Run("NearGet", func(b *testing.B) {
+		warmNear(b)
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := near.Get(ctx, "hit", time.Hour, fail); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("NearGetParallel", func(b *testing.B) {
+		warmNear(b)
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := near.Get(ctx, "hit", time.Hour, fail); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
 }
 
 // BenchmarkMissStorm: each op is one cold wave of 4 caches (as 4

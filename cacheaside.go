@@ -95,6 +95,9 @@ type Cache struct {
 
 	now  func() time.Time // the clock for freshness; tests inject a fake
 	rand func() float64   // uniform in [0, 1) for XFetch; tests inject a seeded one
+
+	near     *near  // the near cache (see near.go); nil when off
+	nearChan string // the channel value-changing scripts publish on, near cache or not
 }
 
 // New returns a Cache on rdb: a *redis.Client, a *redis.ClusterClient, a
@@ -141,11 +144,15 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		backingOff: make(map[string]time.Time),
 		refreshSem: make(chan struct{}, cfg.MaxRefreshes),
 		genKey:     genKey(cfg.Prefix),
+		nearChan:   nearChannel(cfg.Prefix),
 		oneMaster:  isOneMaster(rdb),
 		now:        time.Now,
 		rand:       rand.Float64,
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
+	if cfg.near.on {
+		c.near = c.newNear(cfg.near)
+	}
 	return c
 }
 
@@ -176,6 +183,11 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	if err := checkTTL(ttl); err != nil {
 		return nil, err
 	}
+	if c.near != nil {
+		if val, err, ok := c.nearHit(ctx, key); ok {
+			return val, err
+		}
+	}
 	vkey, err := valueKey(c.cfg.Prefix, key)
 	if err != nil {
 		return nil, err
@@ -194,7 +206,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// such GET starts one flight at most (its caller takes that answer),
 	// so the rounds end.
 	joined, writes := time.Now(), c.writesOf(key)
-	val, err, done, pre := c.hit(ctx, key, vkey)
+	val, err, done, pre := c.lookup(ctx, key, vkey)
 	if done {
 		return val, err
 	}
@@ -321,7 +333,7 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 		}
 		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, setScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
 			env, hard.Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds())
+			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 		if err := cmd.Err(); err != nil {
 			return err
 		}
@@ -350,7 +362,7 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 	}
 	err = c.untilDone(ctx, key, func() error {
 		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
-			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds())
+			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 		if err := cmd.Err(); err != nil {
 			return err
 		}
@@ -395,7 +407,10 @@ func (c *Cache) track() (done func(), ok bool) {
 // stripe; wrote adds one (see currency). Keys share a stripe by hash: a
 // write of another key of the stripe only costs a caller a round trip.
 func (c *Cache) writesOf(key string) uint64 { return c.writes[stripe(key)].Load() }
-func (c *Cache) wrote(key string)           { c.writes[stripe(key)].Add(1) }
+func (c *Cache) wrote(key string) {
+	c.writes[stripe(key)].Add(1)
+	c.nearWrote(key) // this process's near copy goes before the write returns
+}
 
 var stripeSeed = maphash.MakeSeed()
 
@@ -403,7 +418,8 @@ func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other
-// processes at once), and stops the pub/sub connection. Callers still
+// processes at once), and stops the pub/sub connections (the near
+// cache, when on, stops serving first). Callers still
 // waiting in Get, Fetch, Begin or Peek return [ErrClosed] at once, but
 // for a Get or Peek whose ctx cannot end and whose GET is under way: it
 // returns when that GET does (see [Cache.Get]). A Redis
@@ -422,6 +438,7 @@ func (c *Cache) Close() error {
 	c.closed = true
 	c.closing.Store(true)
 	c.mu.Unlock()
+	c.near.close() // near hits stop before anything else
 	c.abortOpenFills()
 	c.cancel()
 	c.wg.Wait()
@@ -523,6 +540,17 @@ type Stats struct {
 	Refreshes        uint64 // background refreshes that won the lease and ran the loader
 	RefreshErrors    uint64 // background refreshes whose loader failed (stale-if-error)
 	RefreshesDropped uint64 // background refreshes not started: the pool was full
+
+	// The near cache (Options.Near). These count calls, not flights: a
+	// near hit is a Get answered from process memory (its Outcome is
+	// OutcomeHit or OutcomeNegative; it is not counted in Hits). A near
+	// miss's fill is one GET per key per process; a fresh value it finds
+	// counts as a Hit.
+	NearHits          uint64 // Gets answered from the near cache
+	NearMisses        uint64 // Gets that found no usable near copy (they joined or started the key's fill)
+	NearBypassed      uint64 // Gets that skipped the near cache: a subscription unconfirmed, or a heartbeat older than Staleness
+	NearInvalidations uint64 // invalidation messages handled (on a Cluster each master delivers every message)
+	NearFlushes       uint64 // times the whole near cache was dropped (a lost connection, a topology change, a tag purge by this Cache, Close)
 }
 
 type counters struct {
@@ -531,6 +559,7 @@ type counters struct {
 	leads, follows, takeovers, notified, polled, waitTimeouts, fenced       atomic.Uint64
 	commitErrors, failOpen, breakerOpens                                    atomic.Uint64
 	staleServed, earlyRefreshes, refreshes, refreshErrors, refreshesDropped atomic.Uint64
+	nearHits, nearMisses, nearBypassed, nearInvalidations, nearFlushes      atomic.Uint64
 }
 
 func (s *counters) snapshot() Stats {
@@ -544,6 +573,8 @@ func (s *counters) snapshot() Stats {
 		FailOpen: s.failOpen.Load(), BreakerOpens: s.breakerOpens.Load(),
 		StaleServed: s.staleServed.Load(), EarlyRefreshes: s.earlyRefreshes.Load(),
 		Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),
-		RefreshesDropped: s.refreshesDropped.Load(),
+		RefreshesDropped: s.refreshesDropped.Load(), NearHits: s.nearHits.Load(),
+		NearMisses: s.nearMisses.Load(), NearBypassed: s.nearBypassed.Load(),
+		NearInvalidations: s.nearInvalidations.Load(), NearFlushes: s.nearFlushes.Load(),
 	}
 }

@@ -101,6 +101,10 @@
 //     a value Redis could not check (Redis unreachable, a failed commit)
 //     is held back only from callers after a write made in the same
 //     process; another process's writes cannot be seen without Redis.
+//     With the near cache on ([Options.Near]) a Get or Fetch keeps this
+//     promise for the writes of its own process, and for another
+//     process's once [NearOptions.Staleness] has passed since the write
+//     returned (see "Near cache").
 //
 // # Failure behaviour
 //
@@ -208,6 +212,61 @@
 // [ErrUnavailable] under FailClosed). A batch started after a Set or
 // Invalidate of one of its keys returned never gets that key's older
 // value. [Stats] counts a batch per key (Hits, Misses, Leads, Loads).
+//
+// # Near cache
+//
+// [Options.Near] keeps fresh values (and negative entries) in process
+// memory, in front of Redis: a near hit costs no round trip. [Cache.Get]
+// and [Fetch] use it; [Cache.Begin] (and so the HTTP middleware),
+// [Cache.GetMany] and [Cache.Peek] do not. The store is
+// github.com/maypok86/otter/v2, bounded by [NearOptions.MaxEntries] or
+// [NearOptions.MaxBytes]; each caller gets its own copy of the bytes. A
+// near miss reads Redis once per key and process, whatever the number of
+// callers, and keeps what it read only if it is fresh: a stale value, a
+// value in the window where [Options.EarlyRefresh] may refresh it, a miss
+// or a pass mark go to the flight as without the near cache.
+//
+// The bound. Every script that changes a value (a rebuild's or a
+// refresh's commit, [Fill.Commit], [Fill.Pass], [Cache.Set],
+// [Cache.Invalidate], [Cache.InvalidateSoft], the invalidations of
+// [Cache.InvalidateTag]) also publishes the key and the write's fence on
+// one channel of the prefix, in every process, near cache or not. A near
+// cache subscribes on every master (every master of a Cluster, every live
+// shard of a Ring), PINGs each of those connections every Staleness/4,
+// and serves from memory only while every one of them has answered a PING
+// sent within the last [NearOptions.Staleness] (250ms by default). Redis
+// answers a connection in order, so the answer to a PING sent after a
+// write was acknowledged comes after that write's message: a near hit
+// never returns a value that a write through herd, by any process sharing
+// the Redis and the prefix, replaced more than Staleness before the hit.
+// Only this process's monotonic clock is involved, never another host's.
+// This process's own writes drop its near copy before they return, and a
+// near miss's read that a write may have overtaken is not kept: a near
+// copy is never older than a write the process has seen return. A copy
+// also ends with its value's fresh period and after [NearOptions.MaxAge]
+// (1s by default), whatever the messages.
+//
+// When a subscription is lost (a network error, CLIENT KILL, a restart, a
+// PING unanswered for max(4 × Staleness, 1s), a change of the masters) the
+// whole near cache is flushed and stops serving; it serves again once the
+// new SUBSCRIBE is confirmed and a PING sent after it is answered.
+// Meanwhile Get reads Redis ([Stats].NearBypassed).
+//
+// Limits: writes that do not go through herd (a raw SET or DEL of herd's
+// keys, FLUSHALL, another prefix, a herd version that does not publish,
+// during a rolling upgrade) are not announced: MaxAge bounds them. After a
+// failover that leaves the old master answering as a replica (Sentinel,
+// CLUSTER FAILOVER) the new master's messages reach the near cache
+// through replication or the cluster bus, later than the bound allows,
+// until its connection to the old master fails; on a Cluster the masters
+// are re-read every second and a change flushes. On a Ring the bound
+// holds while every process's Ring has the same live shards. The costs:
+// about one GET per write of a hot key per process that holds it, 4 PINGs
+// per Staleness per master and process, on a Cluster a CLUSTER SLOTS per
+// second per process and every message delivered once per master (a
+// classic PUBLISH crosses the cluster bus), and in every Cache, near cache
+// or not, the PUBLISH in each value-changing script. docs/design.md has
+// the proof and the choice of pub/sub over client-side caching.
 //
 // # Tag purges
 //

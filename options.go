@@ -385,6 +385,12 @@ type Options struct {
 	// reads the whole index, in pages of 1000. At most 10,000,000.
 	// Default: 100,000.
 	MaxTagEntries int
+
+	// Near turns on the near cache: a copy of fresh values in process
+	// memory in front of Redis, invalidated cluster-wide on every write
+	// and served only while its staleness bound holds (see [NearOptions]
+	// and the package documentation). Default: off.
+	Near NearOptions
 }
 
 // cacheConfig is Options with every default applied.
@@ -392,6 +398,7 @@ type cacheConfig struct {
 	Options
 	calib      calibration
 	classLabel func(string) string // the user's KeyClass, for the Observer; nil: ""
+	near       nearConfig
 }
 
 func (o *Options) resolve() cacheConfig {
@@ -480,6 +487,7 @@ func (o *Options) resolve() cacheConfig {
 		c.KeyClass = func(key string) string { return key }
 	}
 	resolveReplicaWait("Options", c.ReplicaAcks, c.ReplicaTimeout) // validates
+	c.near = c.Near.resolve()
 	c.calib = calibration{Factor: c.LeaseFactor, Min: c.MinLease, Max: c.MaxLease, Default: c.DefaultLease}
 	newCalibrator(c.calib) // panics on an invalid combination
 	return c

@@ -475,7 +475,8 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 	sent := time.Now()
 	cmd, werr := c.runCommit(f, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
-		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased)
+		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased, c.nearChan, f.keys.hash())
+	c.nearWrote(f.key) // this process's near copy goes before the value reaches anyone
 	ok, err := cmd.Int()
 	if err == nil && ok == 1 && werr != nil {
 		err = werr // stored on the master only: a failover may lose it

@@ -101,7 +101,7 @@ func (c *Cache) invalidateSoft(ctx context.Context, keys keyFamily, marker strin
 			header, size = string(b[:min(len(b), envelopeHeader)]), len(b)
 		}
 		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, softScript, []string{keys.value, keys.fence, marker},
-			header, size, c.softened(b, seen), fenceTTL, writeMarkerTTL.Milliseconds())
+			header, size, c.softened(b, seen), fenceTTL, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 		res, err := cmd.Slice()
 		if err != nil {
 			return err
@@ -117,7 +117,7 @@ func (c *Cache) invalidateSoft(ctx context.Context, keys keyFamily, marker strin
 		}
 	}
 	cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, marker},
-		fenceTTL, writeMarkerTTL.Milliseconds())
+		fenceTTL, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 	if err := cmd.Err(); err != nil {
 		return err
 	}

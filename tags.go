@@ -484,7 +484,7 @@ func (c *Cache) purge(ctx context.Context, tags []string) error {
 	for m := range members {
 		keys := familyOf(c.cfg.Prefix, m)
 		calls = append(calls, &scriptCall{route: keys.fence, keys: []string{keys.value, keys.fence, keys.writes + newOwner()},
-			args: []any{c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds()}})
+			args: []any{c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds(), c.nearChan, m}})
 	}
 	repl.runBatch(ctx, c.rdb, invalidateScript, calls)
 	var errs []error
@@ -577,6 +577,7 @@ func (c *Cache) wroteAll() {
 	for i := range c.writes {
 		c.writes[i].Add(1)
 	}
+	c.nearWroteAll()
 }
 
 // tagHooks lets tests order a tagged commit and a purge.

@@ -4,8 +4,12 @@
 -- KEYS[1] value, KEYS[2] lease, KEYS[3] fence hash, KEYS[4] refresh backoff
 -- ARGV[1] fence token, ARGV[2] envelope, ARGV[3] value ttl ms,
 -- ARGV[4] lease value, ARGV[5] PUBLISH or SPUBLISH, ARGV[6] channel,
--- ARGV[7] message when written, ARGV[8] message when fenced
+-- ARGV[7] message when written, ARGV[8] message when fenced,
+-- optional ARGV[9] the near-cache channel ('' or absent: none) and
+-- ARGV[10] the key's hash tag T
 -- Returns 1 when written, 0 when fenced (nothing written).
+-- A write also PUBLISHes (classic PUBLISH, even on a Cluster) T and the
+-- fence on the near-cache channel: every process drops its near copy.
 -- A script that fails half-way keeps what it already wrote, so every check
 -- that can fail (the ttl, the types of the keys) comes before any write: an
 -- error reply means nothing changed and the lease is still held.
@@ -36,4 +40,7 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 redis.call('DEL', KEYS[4])
 redis.call('HDEL', KEYS[3], 'e')
 redis.call(ARGV[5], ARGV[6], ARGV[7])
+if ARGV[9] and ARGV[9] ~= '' then
+  redis.call('PUBLISH', ARGV[9], ARGV[10] .. ARGV[1])
+end
 return 1

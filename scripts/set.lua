@@ -3,8 +3,12 @@
 -- KEYS[1] value, KEYS[2] fence hash, KEYS[3] this write's marker
 -- ARGV[1] envelope (its fence bytes are stamped here), ARGV[2] value ttl ms,
 -- ARGV[3] fence ttl ms, ARGV[4] PUBLISH or SPUBLISH, ARGV[5] channel,
--- ARGV[6] largest envelope sent inline in the message, ARGV[7] marker ttl ms
+-- ARGV[6] largest envelope sent inline in the message, ARGV[7] marker ttl ms,
+-- optional ARGV[8] the near-cache channel ('' or absent: none) and ARGV[9]
+-- the key's hash tag T
 -- Returns the new fence (a decimal string).
+-- The write also PUBLISHes T and the new fence on the near-cache channel
+-- (classic PUBLISH, even on a Cluster): every process drops its near copy.
 --
 -- The marker makes a retry a no-op: go-redis sends a script again when the
 -- reply was lost, and by then a newer Set may have landed, which a second
@@ -39,5 +43,8 @@ else
   redis.call(ARGV[4], ARGV[5], 'W')
 end
 local fence = string.format('%d', n)
+if ARGV[8] and ARGV[8] ~= '' then
+  redis.call('PUBLISH', ARGV[8], ARGV[9] .. fence)
+end
 redis.call('SET', KEYS[3], fence, 'PX', ARGV[7])
 return fence

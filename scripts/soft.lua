@@ -8,7 +8,9 @@
 -- ARGV[1] the first 42 bytes (the envelope header) of the value the client
 -- read, ARGV[2] its length in bytes, or -1 when it read none,
 -- ARGV[3] the new envelope, or '' to delete the value (no value to keep
--- serving: a plain invalidation), ARGV[4] fence ttl ms, ARGV[5] marker ttl ms
+-- serving: a plain invalidation), ARGV[4] fence ttl ms, ARGV[5] marker ttl ms,
+-- optional ARGV[6] the near-cache channel ('' or absent: none) and ARGV[7]
+-- the key's hash tag T
 -- Returns {1, fence} when done (fence: a decimal string); {0, value} or
 -- {0} (none there) when the value is not the one the client read: nothing
 -- was written, and the client tries again with what is there now.
@@ -17,7 +19,8 @@
 -- each write of the key, and the checksum of the rest. The value keeps the
 -- time to live it had: a soft invalidation never makes a value live longer
 -- (a tag's index covers the value only until its expiry, see tags.go).
--- The marker makes a retry a no-op (see set.lua).
+-- The marker makes a retry a no-op (see set.lua). A write also PUBLISHes
+-- T and the new fence on the near-cache channel, as SET does.
 local done = redis.call('GET', KEYS[3])
 if done then
   return {1, done}
@@ -68,5 +71,8 @@ else
   end
 end
 local fence = string.format('%d', n)
+if ARGV[6] and ARGV[6] ~= '' then
+  redis.call('PUBLISH', ARGV[6], ARGV[7] .. fence)
+end
 redis.call('SET', KEYS[3], fence, 'PX', ARGV[5])
 return {1, fence}
