@@ -409,6 +409,7 @@ func (s *suite[L]) lose(t *testing.T) {
 	actx, cancel := context.WithTimeout(ctx, s.o.TTL)
 	defer cancel()
 	waiter := acquireAsync(actx, b, k, s.o.TTL)
+	pause(2 * s.o.Wake) // let the waiter reach its wait
 	s.o.Lose(t, l)
 	if !within(s.bound(), l.Lost()) {
 		t.Fatalf("Lost() still open %v after the lease was ended from outside", s.bound())

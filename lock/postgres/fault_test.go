@@ -228,6 +228,9 @@ func TestTerminatedHolder(t *testing.T) {
 		next, err = b.Acquire(wctx, name, ttl)
 		got <- err
 	}()
+	// Let the waiter reach its wait (one that is slower to get there only
+	// makes the test weaker: it then finds the lock free).
+	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	terminate(t, held)
 	select {
