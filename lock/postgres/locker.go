@@ -272,7 +272,10 @@ func prepare(name string, ttl time.Duration) error {
 // TryAcquire takes the lock on name for ttl, or fails at once with an
 // error wrapping [herd.ErrLeaseHeld] when another owner holds it. It takes
 // two round trips when it wins (the advisory lock, then the token and the
-// session's idle limit) and one when the lock is held. Any string but the
+// session's idle limit) and one when the lock is held, plus a connect
+// when the Locker has no idle connection left (the winner keeps its
+// connection); the Locker's first attempt also creates the fence table if
+// it is missing. Any string but the
 // empty one is a valid name ([herd.ErrInvalidKey]); ttl must be between
 // 10ms and 2^31−1 ms ([herd.ErrInvalidTTL]). A database error is returned
 // wrapped, and after [Locker.Close] it returns [herd.ErrClosed]. A
