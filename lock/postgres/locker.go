@@ -22,8 +22,11 @@ import (
 // programming errors, not request-time conditions.
 type Options struct {
 	// Table is the fence table: one row per lock name with the last token
-	// handed out (name bytea primary key, token bigint). The Locker
-	// creates it, if missing, before its first acquire. Default:
+	// handed out. The Locker creates it, if missing, before its first
+	// acquire (its role then needs CREATE on the schema), or it is created
+	// beforehand as
+	//	CREATE TABLE herd_lock_fence (name bytea PRIMARY KEY, token bigint NOT NULL)
+	// Default:
 	// "herd_lock_fence" in the connection's search path; a name with a
 	// dot is taken as schema.table.
 	Table string
