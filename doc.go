@@ -438,6 +438,26 @@
 // lease length before it rejoins, or a lock it forgot can be taken twice.
 // The protocol and its proof are in docs/design.md.
 //
+// # One lock interface, several backends
+//
+// [Lock] is the surface every lock backend implements, and [LeaseHandle]
+// that of its leases: TryAcquire fails at once with [ErrLeaseHeld] on a
+// held lock; Acquire waits, woken by the backend's own release
+// notification (a bounded re-check as the fallback), and returns at once
+// when ctx ends or Close is called ([ErrClosed], as every call after
+// Close); a lease has a fencing token that strictly increases per key,
+// Lost, Extend, KeepAlive (whose argument caps the whole holding: it is
+// not an interval), Deadline and an owner-checked Release. [Locker] is a
+// Lock[*Lease] and [Redlock] a Lock[*RedlockLease]; backends whose drivers
+// the core does not import are modules of their own, starting with
+// github.com/herdkit/herd/lock/postgres (an advisory lock on a dedicated
+// connection, tokens from a fence table, LISTEN/NOTIFY wake-ups, and
+// FencedTable, the fenced SQL write). [AnyLock] gives them all the type
+// Lock[LeaseHandle], so a program moves from one to another by changing
+// its constructor. Package github.com/herdkit/herd/locktest is the
+// conformance suite every backend runs. [FencedStore] takes the token of
+// any of them.
+//
 // # Which lock
 //
 // [Locker] and [Redlock] both implement [Lock], and their leases
@@ -455,7 +475,11 @@
 //     (a GC pause, a stalled VM) wakes up still believing it holds it.
 //     Pass the lease's token to the resource and have the resource refuse
 //     lower tokens ([FencedStore], or a conditional write in your
-//     database), whichever lock you use.
+//     database: FencedTable of github.com/herdkit/herd/lock/postgres),
+//     whichever lock you use.
+//   - One database and no new infrastructure: the PostgreSQL lock of
+//     github.com/herdkit/herd/lock/postgres, whose lease the server frees
+//     when its session ends, with tokens as durable as the database.
 //
 // # Keys
 //

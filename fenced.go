@@ -24,6 +24,11 @@ var (
 // stalled VM), B takes token 34 and writes; when A wakes and writes with
 // 33, the write is rejected with [ErrFenced] instead of overwriting B.
 //
+// The token may come from any lock backend ([LeaseHandle.Token]:
+// [Lease], [RedlockLease], or a nested module's lease, such as
+// github.com/herdkit/herd/lock/postgres), as long as one record is written
+// with the tokens of one lock name.
+//
 // Equal tokens are accepted, so a holder may write more than once and a
 // retried write is idempotent. The highest token lives with the record:
 // when the record expires or is deleted, the history goes with it.

@@ -129,7 +129,8 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 // KeepAlive starts a watchdog that renews the lease, each time for the
 // length it was acquired with, at a random point between a third and a
 // half of that length, until Release, until the lease is lost, until the
-// Redlock's Close, or until maxHold after the acquire. No renewal takes
+// Redlock's Close, or until maxHold after the acquire: maxHold is not an
+// interval but an absolute cap on the whole holding. No renewal takes
 // the lease past the cap: the last one before it extends the lease only
 // up to the cap, and none is made when less than 10ms is left to it.
 // Renewals never shorten the lease ([RedlockLease.Extend]), so a maxHold

@@ -504,9 +504,10 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 // KeepAlive starts a watchdog that renews the lease, each time for the
 // length it was acquired with, at a random point between a third and a
 // half of that length, until Release, until the lease is lost, or until
-// maxHold after the acquire. The last renewal before the cap is shortened
-// so that the lease ends at the cap: a stuck holder cannot keep it
-// forever. A maxHold of zero or less means no cap.
+// maxHold after the acquire. maxHold is not an interval but an absolute
+// cap on the whole holding, counted from the acquire: the last renewal
+// before it is shortened so that the lease ends at the cap, and a stuck
+// holder cannot keep it forever. A maxHold of zero or less means no cap.
 //
 // A Redis error during a renewal is retried until the lease's validity
 // runs out; then [Lease.Lost] is closed. The watchdog goroutine ends with

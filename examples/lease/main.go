@@ -40,31 +40,13 @@ func main() {
 	results := herd.NewFencedStore(rdb, "")
 	ctx := context.Background()
 
-	// Three instances start the job at the same moment: one runs it.
+	// Three instances start the job at the same moment: one runs it. The
+	// job is written against herd.Lock, so another backend (Redlock, or
+	// github.com/herdkit/herd/lock/postgres) changes only the constructor.
+	jobLocks := herd.AnyLock(locker)
 	var wg sync.WaitGroup
 	for i := 1; i <= 3; i++ {
-		wg.Go(func() {
-			lease, err := locker.TryAcquire(ctx, "nightly-report", 2*time.Second)
-			if errors.Is(err, herd.ErrLeaseHeld) {
-				fmt.Printf("instance %d: another instance runs the job\n", i)
-				return
-			}
-			if err != nil {
-				log.Print(err)
-				return
-			}
-			defer lease.Release(context.WithoutCancel(ctx))
-			lease.KeepAlive(time.Minute) // renew while working, never past a minute
-			fmt.Printf("instance %d: running the job with fencing token %d\n", i, lease.Token())
-			time.Sleep(300 * time.Millisecond) // the work
-			select {
-			case <-lease.Lost():
-				fmt.Printf("instance %d: lease lost, abandoning\n", i)
-			default:
-				err := results.Set(ctx, "nightly-report", lease.Token(), []byte(fmt.Sprintf("report by instance %d", i)), 0)
-				fmt.Printf("instance %d: result written: %v\n", i, err)
-			}
-		})
+		wg.Go(func() { nightlyJob(ctx, jobLocks, results, i) })
 	}
 	wg.Wait()
 
@@ -87,4 +69,30 @@ func main() {
 	fmt.Printf("A releases: %v\n", a.Release(ctx))
 	v, tok, _ := results.Get(ctx, "index")
 	fmt.Printf("the index is %q, written with token %d\n", v, tok)
+}
+
+// nightlyJob is one instance's run of the job: it takes the lock or leaves
+// it to the instance that has it, and writes its result with its fencing
+// token.
+func nightlyJob(ctx context.Context, locks herd.Lock[herd.LeaseHandle], results *herd.FencedStore, i int) {
+	lease, err := locks.TryAcquire(ctx, "nightly-report", 2*time.Second)
+	if errors.Is(err, herd.ErrLeaseHeld) {
+		fmt.Printf("instance %d: another instance runs the job\n", i)
+		return
+	}
+	if err != nil {
+		log.Print(err)
+		return
+	}
+	defer lease.Release(context.WithoutCancel(ctx))
+	lease.KeepAlive(time.Minute) // renew while working; a cap on the whole holding, not an interval
+	fmt.Printf("instance %d: running the job with fencing token %d\n", i, lease.Token())
+	time.Sleep(300 * time.Millisecond) // the work
+	select {
+	case <-lease.Lost():
+		fmt.Printf("instance %d: lease lost, abandoning\n", i)
+	default:
+		err := results.Set(ctx, "nightly-report", lease.Token(), []byte(fmt.Sprintf("report by instance %d", i)), 0)
+		fmt.Printf("instance %d: result written: %v\n", i, err)
+	}
 }

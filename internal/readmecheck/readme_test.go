@@ -24,8 +24,12 @@ package readmecheck
 //
 // Each snippet becomes a package of a temporary module that requires this
 // one through a replace directive, with this module's requirements and
-// go.sum, and `go build ./...` and `go vet ./...` must pass. Errors point
-// at README.md's lines (//line directives).
+// go.sum, and `go build ./...` and `go vet ./...` must pass. The nested
+// modules of the repository (a directory below the root with a go.mod of
+// its own, such as lock/postgres) are required the same way, each
+// replaced by its directory and with its go.sum, so a snippet may import
+// them with an "import ..." declaration line. Errors point at README.md's
+// lines (//line directives).
 
 import (
 	"bufio"
@@ -217,6 +221,15 @@ func TestREADMESnippets(t *testing.T) {
 	gomod := "module readmecheck\n" + body +
 		"\nrequire github.com/herdkit/herd v0.0.0-00010101000000-000000000000\n" +
 		"\nreplace github.com/herdkit/herd => " + root + "\n"
+	nested, err := nestedModules(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range nested {
+		gomod += "\nrequire " + m.path + " v0.0.0-00010101000000-000000000000\n" +
+			"\nreplace " + m.path + " => " + m.dir + "\n"
+		sum = append(sum, m.sum...)
+	}
 	writeFile(t, filepath.Join(dir, "go.mod"), gomod)
 	writeFile(t, filepath.Join(dir, "go.sum"), string(sum))
 	for i, s := range snippets {
@@ -237,6 +250,46 @@ func TestREADMESnippets(t *testing.T) {
 			t.Logf("s%02d (README.md:%d):\n%s", i, s.line, s.source())
 		}
 	}
+}
+
+// module is a nested module of the repository.
+type module struct {
+	path string // its module path
+	dir  string // its directory
+	sum  []byte // its go.sum
+}
+
+// nestedModules returns the modules in directories below root, skipping
+// hidden directories and testdata.
+func nestedModules(root string) ([]module, error) {
+	var mods []module
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || d.Name() != "go.mod" || filepath.Dir(path) == root {
+			return nil
+		}
+		mod, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		first, _, _ := strings.Cut(string(mod), "\n")
+		modPath, ok := strings.CutPrefix(strings.TrimSpace(first), "module ")
+		if !ok {
+			return fmt.Errorf("%s does not start with the module line", path)
+		}
+		sum, err := os.ReadFile(filepath.Join(filepath.Dir(path), "go.sum"))
+		if err != nil && !os.IsNotExist(err) {
+			return err
+		}
+		mods = append(mods, module{path: strings.TrimSpace(modPath), dir: filepath.Dir(path), sum: sum})
+		return nil
+	})
+	return mods, err
 }
 
 func writeFile(t *testing.T, path, content string) {

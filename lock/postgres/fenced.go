@@ -1,0 +1,184 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/herdkit/herd"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what [FencedTable] writes through: a *pgxpool.Pool, a *pgx.Conn
+// or a pgx.Tx.
+type DB interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// FencedTable makes writes to a table whose rows carry a fence column
+// conditional on a fencing token: a write lands only when its token is
+// newer (strictly higher) than the last one accepted for that row, and
+// sets the row's fence to it. This is the downstream half of a lock used
+// for correctness: a holder that paused past its lease (a GC pause, a
+// stalled VM) and wakes up believing it still holds the lock has an older
+// token than the holder that took over, and its late write is refused,
+// whatever lock handed the tokens out ([Locker], or herd's Redis locks).
+//
+// The table is the caller's, with a unique key column and a bigint fence
+// column (NOT NULL DEFAULT 0 for rows written without a token). Each
+// write is one statement:
+//
+//	UPDATE t SET col = $3, ..., fence = $2 WHERE id = $1 AND fence < $2
+//
+// and, for [FencedTable.Upsert], an INSERT ... ON CONFLICT (id) DO
+// UPDATE ... WHERE t.fence < EXCLUDED.fence, so a fenced write changes
+// nothing, not even part of a row. Because the token must be strictly
+// higher, each holding writes a row once: make the changes of one holding
+// to one row in one call (or inside one transaction of your own, with
+// pgx.Tx as the DB). The statement is the same in MySQL's dialect but for
+// the upsert (INSERT ... ON DUPLICATE KEY UPDATE with IF); this type
+// speaks PostgreSQL's.
+//
+// A FencedTable is a value with no state; it is safe for concurrent use.
+type FencedTable struct {
+	// Table is the table's name; a dot separates schema and table. Each
+	// part is quoted as an identifier.
+	Table string
+	// ID is the key column. Default: "id".
+	ID string
+	// Fence is the fence column. Default: "fence".
+	Fence string
+}
+
+func (f FencedTable) names() (table, id, fence string) {
+	id, fence = f.ID, f.Fence
+	if id == "" {
+		id = "id"
+	}
+	if fence == "" {
+		fence = "fence"
+	}
+	return tableIdent(f.Table), pgx.Identifier{id}.Sanitize(), pgx.Identifier{fence}.Sanitize()
+}
+
+// columns returns set's column names, sorted (the statement's text is the
+// same for the same columns), with their values in that order.
+func columns(set map[string]any) ([]string, []any, error) {
+	cols := make([]string, 0, len(set))
+	for c := range set {
+		if c == "" {
+			return nil, nil, errors.New("an empty column name")
+		}
+		cols = append(cols, c)
+	}
+	slices.Sort(cols)
+	vals := make([]any, len(cols))
+	for i, c := range cols {
+		vals[i] = set[c]
+	}
+	return cols, vals, nil
+}
+
+func (f FencedTable) check(token uint64, set map[string]any) error {
+	if f.Table == "" {
+		return errors.New("FencedTable.Table is empty")
+	}
+	if token == 0 || token > math.MaxInt64 {
+		return fmt.Errorf("token %d out of range: the fence column is a bigint, and tokens start at 1", token)
+	}
+	if len(set) == 0 {
+		return errors.New("no column to set")
+	}
+	id, fence := f.ID, f.Fence
+	for c := range set {
+		if c == id || c == fence || (id == "" && c == "id") || (fence == "" && c == "fence") {
+			return fmt.Errorf("column %q is the key or the fence: it cannot be set", c)
+		}
+	}
+	return nil
+}
+
+// Update sets the columns in set on the row whose key is id, and its fence
+// to token, only when the row's fence is below token. It returns nil when
+// the row was written; an error wrapping [herd.ErrFenced] when the row's
+// fence is at or above token (a newer holder has written it: nothing
+// changed); an error wrapping [herd.ErrNotFound] when there is no such
+// row; a database error wrapped. An invalid call (an empty Table, no
+// column, the key or the fence among the columns, a token of 0 or above
+// 2^63−1) is an error, and nothing is sent.
+func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
+	if err := f.check(token, set); err != nil {
+		return fmt.Errorf("herd: fenced update: %w", err)
+	}
+	cols, vals, err := columns(set)
+	if err != nil {
+		return fmt.Errorf("herd: fenced update: %w", err)
+	}
+	table, idCol, fenceCol := f.names()
+	var b strings.Builder
+	b.WriteString("UPDATE " + table + " SET ")
+	for i, c := range cols {
+		b.WriteString(pgx.Identifier{c}.Sanitize() + " = $" + strconv.Itoa(i+3) + ", ")
+	}
+	b.WriteString(fenceCol + " = $2 WHERE " + idCol + " = $1 AND " + fenceCol + " < $2")
+	tag, err := db.Exec(ctx, b.String(), append([]any{id, int64(token)}, vals...)...)
+	if err != nil {
+		return fmt.Errorf("herd: fenced update of %s %v: %w", f.Table, id, err)
+	}
+	if tag.RowsAffected() > 0 {
+		return nil
+	}
+	// Nothing written: tell a fenced row from a missing one.
+	var top int64
+	err = db.QueryRow(ctx, "SELECT "+fenceCol+" FROM "+table+" WHERE "+idCol+" = $1", id).Scan(&top)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return fmt.Errorf("%w: %s %v", herd.ErrNotFound, f.Table, id)
+	case err != nil:
+		return fmt.Errorf("herd: fenced update of %s %v: nothing written; reading its fence: %w", f.Table, id, err)
+	}
+	return fmt.Errorf("%w: %s %v: token %d is not above the row's fence %d", herd.ErrFenced, f.Table, id, token, top)
+}
+
+// Upsert is [FencedTable.Update] with an insert path: a missing row is
+// inserted with the columns in set and its fence at token; an existing one
+// is written only when its fence is below token. It returns nil when the
+// row was written and an error wrapping [herd.ErrFenced] when it was not
+// (the row exists with a fence at or above token). It needs a unique index
+// or primary key on the key column.
+func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
+	if err := f.check(token, set); err != nil {
+		return fmt.Errorf("herd: fenced upsert: %w", err)
+	}
+	cols, vals, err := columns(set)
+	if err != nil {
+		return fmt.Errorf("herd: fenced upsert: %w", err)
+	}
+	table, idCol, fenceCol := f.names()
+	quoted := make([]string, len(cols))
+	params := make([]string, len(cols))
+	updates := make([]string, len(cols))
+	for i, c := range cols {
+		quoted[i] = pgx.Identifier{c}.Sanitize()
+		params[i] = "$" + strconv.Itoa(i+3)
+		updates[i] = quoted[i] + " = EXCLUDED." + quoted[i]
+	}
+	sql := "INSERT INTO " + table + " AS t (" + idCol + ", " + fenceCol + ", " + strings.Join(quoted, ", ") + ") " +
+		"VALUES ($1, $2, " + strings.Join(params, ", ") + ") " +
+		"ON CONFLICT (" + idCol + ") DO UPDATE SET " + strings.Join(updates, ", ") + ", " + fenceCol + " = EXCLUDED." + fenceCol +
+		" WHERE t." + fenceCol + " < EXCLUDED." + fenceCol
+	tag, err := db.Exec(ctx, sql, append([]any{id, int64(token)}, vals...)...)
+	if err != nil {
+		return fmt.Errorf("herd: fenced upsert of %s %v: %w", f.Table, id, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("%w: %s %v: token %d is not above the row's fence", herd.ErrFenced, f.Table, id, token)
+	}
+	return nil
+}

@@ -1,0 +1,443 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/herdkit/herd"
+	"github.com/jackc/pgx/v5"
+)
+
+// Lease is one holding of a [Locker]'s lock: a session-level advisory
+// lock on a connection of its own. Its methods are safe for concurrent
+// use. Release it when the protected work is done.
+//
+// While the lease is held, a goroutine of its own waits on its connection
+// for the server to end the session, without sending anything (a query
+// would restart the session's idle limit). The session's end is seen as
+// soon as the client can tell: at once when PostgreSQL ends it
+// (pg_terminate_backend, the idle limit, a restart or shutdown) or the
+// connection is closed, and Lost is closed then; a connection that goes
+// silent without closing (a cut network) is not seen, and Lost closes at
+// the lease's deadline, before the server's idle limit frees the lock.
+type Lease struct {
+	locker   *Locker
+	name     string
+	key      int64
+	token    uint64
+	ttl      time.Duration
+	acquired time.Time
+	conn     *pgx.Conn
+	lost     chan struct{}
+	watching chan struct{} // closed when the connection's watcher ends
+
+	mu        sync.Mutex // guards the fields below and the use of conn
+	cond      *sync.Cond // signalled when busy or ended changes
+	busy      bool       // a statement or the watcher has conn
+	wanted    int        // statements waiting for conn
+	stopWatch context.CancelFunc
+	ended     bool // conn is closed or closing: no statement may start
+	deadline  time.Time
+	expiry    *time.Timer
+	isLost    bool
+	released  bool // Release was called
+	freed     bool // a Release unlocked it
+	watch     *watchdog
+}
+
+type watchdog struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func newLease(l *Locker, c *pgx.Conn, name string, key int64, token uint64, ttl time.Duration, start, deadline time.Time) *Lease {
+	lease := &Lease{
+		locker:   l,
+		name:     name,
+		key:      key,
+		token:    token,
+		ttl:      ttl,
+		acquired: start,
+		conn:     c,
+		lost:     make(chan struct{}),
+		watching: make(chan struct{}),
+	}
+	lease.cond = sync.NewCond(&lease.mu)
+	lease.mu.Lock() // the timer may fire before the assignment is done
+	lease.deadline = deadline
+	lease.expiry = time.AfterFunc(time.Until(deadline), lease.lose)
+	lease.mu.Unlock()
+	go lease.watchConn()
+	return lease
+}
+
+// Token returns the lease's fencing token: one more than the last token
+// of the lock's name in the fence table, taken while holding the lock, so
+// tokens of one name strictly increase from one holder to the next, across
+// Lockers, processes and server restarts (the fence table is an ordinary
+// table: it lasts as long as the database's committed data does). Pass it
+// to the protected resource, which must reject a token lower than the
+// highest it has seen ([FencedTable] does that for a row).
+func (l *Lease) Token() uint64 { return l.token }
+
+// Key returns the lock name the lease was acquired for.
+func (l *Lease) Key() string { return l.name }
+
+// Deadline returns the local time until which the lease is known valid:
+// the acquire or last successful extend was sent before it by the lease
+// length, less an allowance for clock drift. The server frees the lock no
+// sooner: its idle limit counts from the end of that statement.
+func (l *Lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Lost returns a channel that is closed when the lease is known to be
+// lost: its connection ended (see [Lease]), its deadline passed without a
+// successful renewal, an extend failed on a broken connection, or
+// [Lease.KeepAlive] reached its cap. A lease that is lost while its
+// connection is still up is unlocked at once, so the next owner need not
+// wait for the server's idle limit. Release does not close it. Once
+// closed, the lease stays lost: stop the protected work and call Release.
+func (l *Lease) Lost() <-chan struct{} { return l.lost }
+
+// errEnded is what use returns once the connection ended.
+var errEnded = errors.New("the lease's connection ended")
+
+// use runs fn with the connection, interrupting the watcher's wait.
+func (l *Lease) use(fn func(*pgx.Conn) error) error {
+	l.mu.Lock()
+	l.wanted++
+	if l.stopWatch != nil {
+		l.stopWatch()
+	}
+	for l.busy && !l.ended {
+		l.cond.Wait()
+	}
+	l.wanted--
+	if l.ended {
+		l.cond.Broadcast()
+		l.mu.Unlock()
+		return errEnded
+	}
+	l.busy = true
+	l.mu.Unlock()
+	err := fn(l.conn)
+	l.mu.Lock()
+	l.busy = false
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	return err
+}
+
+// watchConn waits on the connection, whenever no statement needs it, for
+// the server to end the session: a read that nothing but the session's
+// end (or a notification, which the lease's connection does not listen
+// for) completes. A statement that needs the connection interrupts it.
+func (l *Lease) watchConn() {
+	defer close(l.watching)
+	for {
+		l.mu.Lock()
+		for (l.busy || l.wanted > 0) && !l.ended {
+			l.cond.Wait()
+		}
+		if l.ended {
+			l.mu.Unlock()
+			return
+		}
+		l.busy = true
+		ctx, cancel := context.WithCancel(context.Background())
+		l.stopWatch = cancel
+		l.mu.Unlock()
+
+		_, err := l.conn.WaitForNotification(ctx)
+		interrupted := ctx.Err() != nil
+		cancel()
+
+		l.mu.Lock()
+		l.stopWatch = nil
+		if err != nil && !interrupted {
+			// The session ended. Nobody else may use the connection now.
+			l.ended = true
+			l.busy = false
+			l.cond.Broadcast()
+			l.mu.Unlock()
+			pid := l.conn.PgConn().PID()
+			closeConn(l.conn)
+			l.markLost()
+			l.locker.hint(l.key, pid)
+			return
+		}
+		l.busy = false
+		l.cond.Broadcast()
+		l.mu.Unlock()
+	}
+}
+
+// end stops the watcher and closes the connection, after unlocking the
+// lock and announcing it when unlock is set and the connection is up. It
+// reports whether that unlock ran and freed the lock. Only the first call
+// does anything.
+func (l *Lease) end(ctx context.Context, unlock bool) (bool, error) {
+	var freed bool
+	var err error
+	if unlock {
+		err = l.use(func(c *pgx.Conn) error {
+			return c.QueryRow(ctx, "SELECT pg_advisory_unlock($1), pg_notify($2, $3)",
+				l.key, l.locker.cfg.channel, strconv.FormatInt(l.key, 10)).Scan(&freed, nil)
+		})
+	}
+	l.mu.Lock()
+	if l.ended {
+		l.mu.Unlock()
+		<-l.watching
+		return freed, err
+	}
+	l.ended = true
+	if l.stopWatch != nil {
+		l.stopWatch()
+	}
+	for l.busy {
+		l.cond.Wait()
+	}
+	l.cond.Broadcast()
+	l.mu.Unlock()
+	<-l.watching
+	closeConn(l.conn)
+	return freed, err
+}
+
+// lose marks the lease lost and ends it, unlocking it first when its
+// connection is up: its deadline passed (expired) or KeepAlive's cap was
+// reached.
+func (l *Lease) lose() {
+	if !l.markLost() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, _ = l.end(ctx, true)
+}
+
+// markLost closes Lost; it reports whether this call did, with the lease
+// not released.
+func (l *Lease) markLost() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isLost {
+		return false
+	}
+	l.isLost = true
+	close(l.lost)
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
+	return !l.released
+}
+
+// Extend sets the lease's remaining time to ttl: it sets the session's
+// idle limit to ttl, which also restarts it, and moves Deadline to ttl
+// (less the drift allowance) after the call's start. It returns an error
+// wrapping [herd.ErrLeaseLost] when the lease is known lost or released,
+// or its connection turns out to have ended (Lost is then closed), and
+// ctx's error, without touching the lease, when ctx has ended before the
+// call. Once its statement is sent, Extend does not stop for ctx (a
+// statement interrupted on a lease's connection would end the session,
+// and the lease): it is bounded by the lease's deadline instead. ttl is
+// checked as in [Locker.TryAcquire]. Extend keeps working after
+// [Locker.Close].
+func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
+	if l == nil {
+		return herd.ErrLeaseLost
+	}
+	if err := checkTTL(ttl); err != nil {
+		return err
+	}
+	return l.extend(ctx, ttl)
+}
+
+// extend is Extend without the range check, for KeepAlive's capped last
+// renewal, which may be shorter than a lease may be acquired for.
+func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
+	l.mu.Lock()
+	gone := l.isLost || l.released
+	deadline := l.deadline
+	l.mu.Unlock()
+	if gone {
+		return fmt.Errorf("%w: %q", herd.ErrLeaseLost, l.name)
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("herd: extend lease %q: %w", l.name, err)
+	}
+	start := time.Now()
+	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
+	defer cancel()
+	err := l.use(func(c *pgx.Conn) error {
+		_, err := c.Exec(qctx, "SELECT set_config('idle_session_timeout', $1, false)", strconv.FormatInt(ttl.Milliseconds(), 10))
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, errEnded) || l.conn.IsClosed() {
+			l.lose()
+			return fmt.Errorf("%w: %q: %w", herd.ErrLeaseLost, l.name, err)
+		}
+		return fmt.Errorf("herd: extend lease %q: %w", l.name, err)
+	}
+	next := start.Add(ttl - drift(ttl))
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isLost || l.released {
+		return fmt.Errorf("%w: %q: its deadline passed or it was released while extending", herd.ErrLeaseLost, l.name)
+	}
+	l.deadline = next
+	l.expiry.Reset(time.Until(next))
+	return nil
+}
+
+// KeepAlive starts a watchdog that renews the lease, each time for the
+// length it was acquired with, at a random point between a third and a
+// half of that length, until Release, until the lease is lost, or until
+// maxHold after the acquire. maxHold is not an interval but an absolute
+// cap on the whole holding: the last renewal before it is shortened so
+// that the lease ends at the cap, and a stuck holder cannot keep the lock
+// for ever. A maxHold of zero or less means no cap.
+//
+// A renewal that fails on a live connection (a statement error) is
+// retried until the lease's deadline; then [Lease.Lost] is closed. The
+// watchdog goroutine ends with the lease and Release waits for it.
+// Calling KeepAlive again, or after the lease ended, does nothing.
+func (l *Lease) KeepAlive(maxHold time.Duration) {
+	if l == nil {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.isLost || l.released || l.watch != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &watchdog{ctx: ctx, cancel: cancel, done: make(chan struct{})}
+	l.watch = w
+	var capAt time.Time
+	if maxHold > 0 {
+		capAt = l.acquired.Add(maxHold)
+	}
+	go l.renew(w, capAt)
+}
+
+// renew is the watchdog loop.
+func (l *Lease) renew(w *watchdog, capAt time.Time) {
+	defer close(w.done)
+	timer := time.NewTimer(l.ttl)
+	defer timer.Stop()
+	wait := func(d time.Duration) bool {
+		timer.Reset(d)
+		select {
+		case <-w.ctx.Done():
+			return false
+		case <-l.lost:
+			return false
+		case <-timer.C:
+			return true
+		}
+	}
+	retry := min(max(l.ttl/20, time.Millisecond), 50*time.Millisecond)
+	for {
+		if !wait(l.ttl/3 + rand.N(l.ttl/6+1)) {
+			return
+		}
+		ext := l.ttl
+		if !capAt.IsZero() {
+			ext = min(ext, time.Until(capAt))
+			if ext < time.Millisecond {
+				return // at the cap: the lease runs out by itself
+			}
+		}
+		for {
+			err := l.extend(w.ctx, ext)
+			if err == nil {
+				break
+			}
+			if errors.Is(err, herd.ErrLeaseLost) || w.ctx.Err() != nil || time.Until(l.Deadline()) <= 0 {
+				return
+			}
+			if !wait(jitter(retry)) {
+				return
+			}
+		}
+		if ext < l.ttl {
+			return // the capped, final renewal
+		}
+	}
+}
+
+// stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
+func (l *Lease) stopWatchdog() {
+	l.mu.Lock()
+	w := l.watch
+	l.watch = nil
+	l.mu.Unlock()
+	if w != nil {
+		w.cancel()
+		<-w.done
+	}
+}
+
+// releaseTimeout bounds Release's statement.
+const releaseTimeout = 5 * time.Second
+
+// Release stops the watchdog, if any, unlocks the lock and announces the
+// release to the waiters of every Locker (one statement), and closes the
+// lease's connection. It returns an error wrapping [herd.ErrLeaseLost]
+// when the lease was already lost: its connection ended, so the server
+// had freed the lock and another owner may hold it now, which Release
+// leaves alone (a session can only unlock its own locks). Release does not
+// stop for ctx (an interrupted statement would end the session anyway):
+// its statement is bounded by 5 seconds. When it fails, closing the
+// connection still frees the lock, and the error is returned wrapped,
+// with ErrLeaseLost. Release is nil-safe, and
+// releasing again after a successful Release returns nil. It keeps
+// working after [Locker.Close].
+func (l *Lease) Release(ctx context.Context) error {
+	if l == nil {
+		return nil
+	}
+	l.mu.Lock()
+	l.released = true
+	freed, lost := l.freed, l.isLost
+	if l.expiry != nil {
+		l.expiry.Stop()
+	}
+	l.mu.Unlock()
+	if freed {
+		return nil
+	}
+	l.stopWatchdog()
+	if lost {
+		_, _ = l.end(ctx, false)
+		return fmt.Errorf("%w: %q: it was lost before release", herd.ErrLeaseLost, l.name)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	ok, err := l.end(ctx, true)
+	switch {
+	case err != nil:
+		return fmt.Errorf("%w: release lease %q: %w (its connection is closed, which frees the lock)", herd.ErrLeaseLost, l.name, err)
+	case !ok:
+		return fmt.Errorf("%w: %q: the session no longer held it", herd.ErrLeaseLost, l.name)
+	}
+	l.mu.Lock()
+	l.freed = true
+	l.mu.Unlock()
+	return nil
+}
+
+// Lease satisfies herd's lease interface.
+var _ herd.LeaseHandle = (*Lease)(nil)
