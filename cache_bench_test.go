@@ -186,7 +186,13 @@ func BenchmarkHitRatio(b *testing.B) {
 	fail := func(context.Context) ([]byte, error) { panic("a hit called the loader") }
 	cctx, cancel := context.WithCancel(bg)
 	defer cancel()
-	pair := func(ctx context.Context, raw, hit *atomic.Int64) error {
+	near := newNearCache(b, srv.Client(b), NearOptions{MaxAge: time.Hour}, nil)
+	for !nearHas(near, "hit") {
+		if _, err := near.Get(bg, "hit", time.Hour, fail); err != nil {
+			b.Fatal(err)
+		}
+	}
+	pair := func(ctx context.Context, c *Cache, raw, hit *atomic.Int64) error {
 		t0 := time.Now()
 		if _, err := rdb.Get(ctx, "raw").Bytes(); err != nil {
 			return err
@@ -208,11 +214,12 @@ func BenchmarkHitRatio(b *testing.B) {
 	for _, tc := range []struct {
 		name string
 		ctx  context.Context
-	}{{"Background", bg}, {"Cancellable", cctx}} {
+		c    *Cache
+	}{{"Background", bg, c}, {"Cancellable", cctx, c}, {"Near", bg, near}} {
 		b.Run(tc.name, func(b *testing.B) {
 			var raw, hit atomic.Int64
 			for b.Loop() {
-				if err := pair(tc.ctx, &raw, &hit); err != nil {
+				if err := pair(tc.ctx, tc.c, &raw, &hit); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -222,7 +229,7 @@ func BenchmarkHitRatio(b *testing.B) {
 			var raw, hit atomic.Int64
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if err := pair(tc.ctx, &raw, &hit); err != nil {
+					if err := pair(tc.ctx, tc.c, &raw, &hit); err != nil {
 						b.Error(err)
 						return
 					}
