@@ -158,6 +158,7 @@ type nearEntry struct {
 	val      []byte
 	fence    uint64
 	expires  time.Time // by the Cache's clock: MaxAge after the read, or the end of the fresh period
+	deadline int64     // the same instant as a mono() reading: a step of the wall clock does not move it
 	negative bool
 	epoch    uint64 // the flush epoch it was read in
 }
@@ -361,7 +362,7 @@ func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error,
 		return nil, nil, false
 	}
 	e, found := n.store.GetIfPresent(nearIDOf(key))
-	if !found || e.epoch != n.epoch.Load() || !c.now().Before(e.expires) {
+	if !found || !n.usable(e) {
 		return nil, nil, false
 	}
 	if err := ctx.Err(); err != nil {
@@ -370,6 +371,14 @@ func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error,
 	c.stats.nearHits.Add(1)
 	val, err = c.nearAnswer(ctx, key, e.val, e.negative)
 	return val, err, true
+}
+
+// usable reports whether e may be served now: read in the current flush
+// epoch, and neither past its expiry by the Cache's clock nor past its
+// deadline on the monotonic clock (MaxAge and the fresh period are
+// durations from the read, whatever the wall clock does meanwhile).
+func (n *near) usable(e nearEntry) bool {
+	return e.epoch == n.epoch.Load() && n.c.now().Before(e.expires) && n.mono() < e.deadline
 }
 
 // nearGet is a near miss: it joins or starts the key's fill and answers
@@ -384,7 +393,7 @@ func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err 
 		return nil, nil, false, nil
 	}
 	id, _ := nearIDOfTag(vkey[len(c.cfg.Prefix)+2 : len(c.cfg.Prefix)+2+nearTagLen]) // P:{T}:v
-	if e, ok := n.store.GetIfPresent(id); ok && e.epoch == n.epoch.Load() && c.now().Before(e.expires) {
+	if e, ok := n.store.GetIfPresent(id); ok && n.usable(e) {
 		// A fill that ended since nearHit looked.
 		c.stats.nearHits.Add(1)
 		val, err := c.nearAnswer(ctx, key, e.val, e.negative)
@@ -516,7 +525,8 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 	if h := n.hooks.Load(); h != nil && h.beforeFill != nil {
 		h.beforeFill(key)
 	}
-	n.insert(id, nearEntry{val: env.payload, fence: env.fence, expires: exp, negative: env.negative, epoch: snap.epoch}, snap)
+	deadline := n.mono() + int64(exp.Sub(now))
+	n.insert(id, nearEntry{val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch}, snap)
 	res.val, res.negative, res.ok, res.pre = env.payload, env.negative, true, nil
 	return res
 }
