@@ -5,6 +5,7 @@ package herd
 // redis-server.
 
 import (
+	"context"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,5 +46,45 @@ func TestAttackNearMaxAgeWallClockStep(t *testing.T) {
 	}
 	if got != "v2" {
 		t.Fatalf("Get = %q, want v2 from Redis", got)
+	}
+}
+
+// Guarantee 7 with the near cache: a Get "keeps this promise for the
+// writes of its own process" (doc.go), and "this process's own writes
+// drop its near copy before they return". A process may hold two Caches
+// on the same Redis and prefix (one with the near cache, one without, as
+// a library and its user may): a Set by the one returned, and a Get by
+// the other, started after it, answered from the near copy of the value
+// the Set replaced. Only the pub/sub message dropped it, Staleness later.
+func TestAttackNearOtherCacheSameProcess(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	a := newNearCache(t, srv.Client(t), NearOptions{}, nil)
+	a.joinNearPeers()                                                        // as New leaves it (newNearCache makes it a process of its own)
+	b := newTestCache(t, srv.Client(t), &Options{DefaultLease: time.Second}) // near cache off
+	const key = "atk-near-two-caches"
+	if err := b.Set(ctx, key, []byte("v1"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	warm(t, a, key, "v1")
+	// a's subscriber is slow (blocked here): the message of b's write is
+	// not handled yet.
+	g := newGate()
+	setHooks(a, &nearHooks{receive: func(string, uint64, any, error) { g.pass() }})
+	g.close()
+	defer g.release()
+	if err := b.Set(ctx, key, []byte("v2"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := getString(t, a, key); got != "v2" {
+		t.Fatalf("Get by a Cache of this process after a Set by another returned: %q, want v2", got)
+	}
+	// A near miss joining a fill whose GET was sent before the write is
+	// no better.
+	if err := b.Set(ctx, key, []byte("v3"), time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if got := getString(t, a, key); got != "v3" {
+		t.Fatalf("Get after the second Set: %q, want v3", got)
 	}
 }

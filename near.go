@@ -327,20 +327,80 @@ func (n *near) apply(payload string) {
 	}
 }
 
-// nearWrote drops this process's near copy of key after a write of it by
-// this Cache (see wrote).
-func (c *Cache) nearWrote(key string) {
-	if c.near != nil {
-		c.near.drop(nearIDOf(key), 0)
+// nearPeers holds, per prefix, the Caches of this process whose near
+// cache is on: a write by any Cache of the process (near cache on or off)
+// drops their copies of the key and counts in their write counts before
+// it returns, as it does in its own Cache (a Cache with another Redis
+// and the same prefix only loses a copy).
+var nearPeers struct {
+	mu sync.RWMutex
+	m  map[string]map[*Cache]struct{}
+}
+
+func (c *Cache) joinNearPeers() {
+	nearPeers.mu.Lock()
+	defer nearPeers.mu.Unlock()
+	if nearPeers.m == nil {
+		nearPeers.m = make(map[string]map[*Cache]struct{})
+	}
+	set := nearPeers.m[c.cfg.Prefix]
+	if set == nil {
+		set = make(map[*Cache]struct{})
+		nearPeers.m[c.cfg.Prefix] = set
+	}
+	set[c] = struct{}{}
+}
+
+func (c *Cache) leaveNearPeers() {
+	nearPeers.mu.Lock()
+	defer nearPeers.mu.Unlock()
+	if set := nearPeers.m[c.cfg.Prefix]; set != nil {
+		delete(set, c)
+		if len(set) == 0 {
+			delete(nearPeers.m, c.cfg.Prefix)
+		}
 	}
 }
 
-// nearWroteAll flushes this process's near cache after a write that may
-// have touched any key (a tag purge).
+// eachNearPeer calls fn for every other Cache of this process with the
+// near cache on and c's prefix.
+func (c *Cache) eachNearPeer(fn func(p *Cache)) {
+	nearPeers.mu.RLock()
+	defer nearPeers.mu.RUnlock()
+	for p := range nearPeers.m[c.cfg.Prefix] {
+		if p != c {
+			fn(p)
+		}
+	}
+}
+
+// nearWrote drops this process's near copies of key after a write of it
+// by this Cache (see wrote): its own, and those of every other Cache of
+// the process with the prefix, which also counts the write in its write
+// count as its own (see currency).
+func (c *Cache) nearWrote(key string) {
+	id, st := nearIDOf(key), stripe(key)
+	if c.near != nil {
+		c.near.drop(id, 0)
+	}
+	c.eachNearPeer(func(p *Cache) {
+		p.writes[st].Add(1)
+		p.near.drop(id, 0)
+	})
+}
+
+// nearWroteAll flushes this process's near caches of the prefix after a
+// write that may have touched any key (a tag purge).
 func (c *Cache) nearWroteAll() {
 	if c.near != nil {
 		c.near.flush()
 	}
+	c.eachNearPeer(func(p *Cache) {
+		for i := range p.writes {
+			p.writes[i].Add(1)
+		}
+		p.near.flush()
+	})
 }
 
 // nearResult is a fill's answer.
@@ -545,6 +605,7 @@ func (n *near) close() {
 	n.closed = true
 	n.recomputeLocked()
 	n.mu.Unlock()
+	n.c.leaveNearPeers()
 	n.cancel()
 	n.wg.Wait()
 	n.epoch.Add(1)
