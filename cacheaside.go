@@ -152,6 +152,7 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if cfg.near.on {
 		c.near = c.newNear(cfg.near)
+		c.joinNearPeers()
 	}
 	return c
 }

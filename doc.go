@@ -240,7 +240,8 @@
 // never returns a value that a write through herd, by any process sharing
 // the Redis and the prefix, replaced more than Staleness before the hit.
 // Only this process's monotonic clock is involved, never another host's.
-// This process's own writes drop its near copy before they return, and a
+// This process's own writes (by any of its Caches with the same prefix,
+// near cache on or off) drop its near copies before they return, and a
 // near miss's read that a write may have overtaken is not kept: a near
 // copy is never older than a write the process has seen return. A copy
 // also ends with its value's fresh period and after [NearOptions.MaxAge]

@@ -158,6 +158,7 @@ type nearEntry struct {
 	val      []byte
 	fence    uint64
 	expires  time.Time // by the Cache's clock: MaxAge after the read, or the end of the fresh period
+	deadline int64     // the same instant as a mono() reading: a step of the wall clock does not move it
 	negative bool
 	epoch    uint64 // the flush epoch it was read in
 }
@@ -326,20 +327,80 @@ func (n *near) apply(payload string) {
 	}
 }
 
-// nearWrote drops this process's near copy of key after a write of it by
-// this Cache (see wrote).
-func (c *Cache) nearWrote(key string) {
-	if c.near != nil {
-		c.near.drop(nearIDOf(key), 0)
+// nearPeers holds, per prefix, the Caches of this process whose near
+// cache is on: a write by any Cache of the process (near cache on or off)
+// drops their copies of the key and counts in their write counts before
+// it returns, as it does in its own Cache (a Cache with another Redis
+// and the same prefix only loses a copy).
+var nearPeers struct {
+	mu sync.RWMutex
+	m  map[string]map[*Cache]struct{}
+}
+
+func (c *Cache) joinNearPeers() {
+	nearPeers.mu.Lock()
+	defer nearPeers.mu.Unlock()
+	if nearPeers.m == nil {
+		nearPeers.m = make(map[string]map[*Cache]struct{})
+	}
+	set := nearPeers.m[c.cfg.Prefix]
+	if set == nil {
+		set = make(map[*Cache]struct{})
+		nearPeers.m[c.cfg.Prefix] = set
+	}
+	set[c] = struct{}{}
+}
+
+func (c *Cache) leaveNearPeers() {
+	nearPeers.mu.Lock()
+	defer nearPeers.mu.Unlock()
+	if set := nearPeers.m[c.cfg.Prefix]; set != nil {
+		delete(set, c)
+		if len(set) == 0 {
+			delete(nearPeers.m, c.cfg.Prefix)
+		}
 	}
 }
 
-// nearWroteAll flushes this process's near cache after a write that may
-// have touched any key (a tag purge).
+// eachNearPeer calls fn for every other Cache of this process with the
+// near cache on and c's prefix.
+func (c *Cache) eachNearPeer(fn func(p *Cache)) {
+	nearPeers.mu.RLock()
+	defer nearPeers.mu.RUnlock()
+	for p := range nearPeers.m[c.cfg.Prefix] {
+		if p != c {
+			fn(p)
+		}
+	}
+}
+
+// nearWrote drops this process's near copies of key after a write of it
+// by this Cache (see wrote): its own, and those of every other Cache of
+// the process with the prefix, which also counts the write in its write
+// count as its own (see currency).
+func (c *Cache) nearWrote(key string) {
+	id, st := nearIDOf(key), stripe(key)
+	if c.near != nil {
+		c.near.drop(id, 0)
+	}
+	c.eachNearPeer(func(p *Cache) {
+		p.writes[st].Add(1)
+		p.near.drop(id, 0)
+	})
+}
+
+// nearWroteAll flushes this process's near caches of the prefix after a
+// write that may have touched any key (a tag purge).
 func (c *Cache) nearWroteAll() {
 	if c.near != nil {
 		c.near.flush()
 	}
+	c.eachNearPeer(func(p *Cache) {
+		for i := range p.writes {
+			p.writes[i].Add(1)
+		}
+		p.near.flush()
+	})
 }
 
 // nearResult is a fill's answer.
@@ -361,7 +422,7 @@ func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error,
 		return nil, nil, false
 	}
 	e, found := n.store.GetIfPresent(nearIDOf(key))
-	if !found || e.epoch != n.epoch.Load() || !c.now().Before(e.expires) {
+	if !found || !n.usable(e) {
 		return nil, nil, false
 	}
 	if err := ctx.Err(); err != nil {
@@ -370,6 +431,14 @@ func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error,
 	c.stats.nearHits.Add(1)
 	val, err = c.nearAnswer(ctx, key, e.val, e.negative)
 	return val, err, true
+}
+
+// usable reports whether e may be served now: read in the current flush
+// epoch, and neither past its expiry by the Cache's clock nor past its
+// deadline on the monotonic clock (MaxAge and the fresh period are
+// durations from the read, whatever the wall clock does meanwhile).
+func (n *near) usable(e nearEntry) bool {
+	return e.epoch == n.epoch.Load() && n.c.now().Before(e.expires) && n.mono() < e.deadline
 }
 
 // nearGet is a near miss: it joins or starts the key's fill and answers
@@ -384,7 +453,7 @@ func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err 
 		return nil, nil, false, nil
 	}
 	id, _ := nearIDOfTag(vkey[len(c.cfg.Prefix)+2 : len(c.cfg.Prefix)+2+nearTagLen]) // P:{T}:v
-	if e, ok := n.store.GetIfPresent(id); ok && e.epoch == n.epoch.Load() && c.now().Before(e.expires) {
+	if e, ok := n.store.GetIfPresent(id); ok && n.usable(e) {
 		// A fill that ended since nearHit looked.
 		c.stats.nearHits.Add(1)
 		val, err := c.nearAnswer(ctx, key, e.val, e.negative)
@@ -516,7 +585,8 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 	if h := n.hooks.Load(); h != nil && h.beforeFill != nil {
 		h.beforeFill(key)
 	}
-	n.insert(id, nearEntry{val: env.payload, fence: env.fence, expires: exp, negative: env.negative, epoch: snap.epoch}, snap)
+	deadline := n.mono() + int64(exp.Sub(now))
+	n.insert(id, nearEntry{val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch}, snap)
 	res.val, res.negative, res.ok, res.pre = env.payload, env.negative, true, nil
 	return res
 }
@@ -535,6 +605,7 @@ func (n *near) close() {
 	n.closed = true
 	n.recomputeLocked()
 	n.mu.Unlock()
+	n.c.leaveNearPeers()
 	n.cancel()
 	n.wg.Wait()
 	n.epoch.Add(1)

@@ -41,6 +41,10 @@ func newNearCache(t testing.TB, rdb redis.UniversalClient, near NearOptions, tun
 		tune(opt)
 	}
 	c := newTestCache(t, rdb, opt)
+	// Each of the tests' Caches plays a process of its own: the writes of
+	// another Cache of the process would drop its copies at once (see
+	// nearPeers), and the tests check the pub/sub path.
+	c.leaveNearPeers()
 	waitServing(t, c)
 	return c
 }
