@@ -275,12 +275,12 @@ func TestFlags(t *testing.T) {
 func TestValueRoundTrip(t *testing.T) {
 	start := time.Unix(100, 5)
 	end := start.Add(50 * time.Millisecond)
-	b := makeValue(7, start, end, 128)
+	b := makeValue(7, start, end, 3, 128)
 	if len(b) != 128 {
 		t.Fatalf("len %d", len(b))
 	}
 	m, err := parseValue(b)
-	if err != nil || m.ID != 7 || m.Start != start.UnixNano() || m.End != end.UnixNano() {
+	if err != nil || m.ID != 7 || m.Start != start.UnixNano() || m.End != end.UnixNano() || m.Ver != 3 {
 		t.Fatalf("%+v, %v", m, err)
 	}
 	if _, err := parseValue([]byte("hello")); err == nil {

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +54,11 @@ type origin struct {
 	stallKey string         // the first call for this key triggers onStall
 	onStall  func(pid int)  // runs synchronously, before the call's latency
 	first    map[string]int // key -> pid of its first caller in this phase
+
+	// version is the data's current version (the hotkey scenario's writer
+	// raises it before each write, as a write to the database would): a
+	// value built by a call carries the version of when the call started.
+	version atomic.Uint64
 }
 
 func startOrigin(lat latencyDist, valueSize int) (*origin, error) {
@@ -87,7 +93,11 @@ func (o *origin) begin(phase, strategy string) {
 	o.failFrom, o.failTo = time.Time{}, time.Time{}
 	o.stallKey, o.onStall = "", nil
 	o.first = map[string]int{}
+	o.version.Store(0)
 }
+
+// setVersion makes the calls that start from now on build version v.
+func (o *origin) setVersion(v uint64) { o.version.Store(v) }
 
 // end stops recording and returns the phase's calls (complete ones).
 func (o *origin) end() (events []originEvent, stray int) {
@@ -141,6 +151,7 @@ func (o *origin) load(w http.ResponseWriter, r *http.Request) {
 	}
 	o.nextID++
 	id := o.nextID
+	ver := o.version.Load()
 	o.inflight++
 	o.peak = max(o.peak, o.inflight)
 	phase := o.phase
@@ -166,14 +177,16 @@ func (o *origin) load(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "origin failing (failure scenario)", http.StatusServiceUnavailable)
 		return
 	}
-	_, _ = w.Write(makeValue(id, start, end, o.valueSize))
+	_, _ = w.Write(makeValue(id, start, end, ver, o.valueSize))
 }
 
-// A value is "hb|<call id>|<origin start ns>|<origin end ns>|" padded to
-// the value size: whoever receives it knows which origin call built it
-// and how long that call took.
-func makeValue(id uint64, start, end time.Time, size int) []byte {
-	b := fmt.Appendf(nil, "hb|%d|%d|%d|", id, start.UnixNano(), end.UnixNano())
+// A value is "hb|<call id>|<origin start ns>|<origin end ns>|<version>|"
+// padded to the value size: whoever receives it knows which origin call
+// built it, how long that call took, and which version of the data it
+// holds. The hotkey scenario's writer writes values with call id 0 (no
+// origin call) and start = end = the time it began the write.
+func makeValue(id uint64, start, end time.Time, ver uint64, size int) []byte {
+	b := fmt.Appendf(nil, "hb|%d|%d|%d|%d|", id, start.UnixNano(), end.UnixNano(), ver)
 	if len(b) < size {
 		b = append(b, bytes.Repeat([]byte{'.'}, size-len(b))...)
 	}
@@ -181,22 +194,24 @@ func makeValue(id uint64, start, end time.Time, size int) []byte {
 }
 
 type valueMeta struct {
-	ID         uint64
-	Start, End int64 // unix ns
+	ID         uint64 // the origin call that built it; 0: the hotkey writer
+	Start, End int64  // unix ns
+	Ver        uint64 // the data's version
 }
 
 var errBadValue = errors.New("value not built by this benchmark's origin")
 
 func parseValue(b []byte) (valueMeta, error) {
-	parts := bytes.SplitN(b, []byte{'|'}, 5)
-	if len(parts) != 5 || string(parts[0]) != "hb" {
+	parts := bytes.SplitN(b, []byte{'|'}, 6)
+	if len(parts) != 6 || string(parts[0]) != "hb" {
 		return valueMeta{}, errBadValue
 	}
 	id, err1 := strconv.ParseUint(string(parts[1]), 10, 64)
 	s, err2 := strconv.ParseInt(string(parts[2]), 10, 64)
 	e, err3 := strconv.ParseInt(string(parts[3]), 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil {
+	v, err4 := strconv.ParseUint(string(parts[4]), 10, 64)
+	if err1 != nil || err2 != nil || err3 != nil || err4 != nil {
 		return valueMeta{}, errBadValue
 	}
-	return valueMeta{ID: id, Start: s, End: e}, nil
+	return valueMeta{ID: id, Start: s, End: e, Ver: v}, nil
 }
