@@ -476,6 +476,7 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 		}
 		hot.summarize(hs, cfg.HotDuration)
 		pr.Hot = hot
+		hot.OriginCallsAll = len(events)
 		pr.Requests, pr.Errors, pr.ErrorMsg, pr.Hit = hs.Reads, hs.Errors, hs.ErrSample, hs.Hits
 		pr.Latency = hs.Lat.pct()
 		pr.CmdsPerReq, pr.ServerCmds, pr.SrvCmdsPerReq = hot.CmdsPerRead, hot.ServerCmds, hot.SrvCmdsPerRead

@@ -171,6 +171,7 @@ type hotSamples struct {
 	// MissedBy is, per version some read missed, its longest staleness.
 	MissedBy map[uint64]int64 `json:"missed_by,omitempty"`
 	Newest   uint64           `json:"newest"` // the newest version a read got
+	Heard    int              `json:"heard"`  // acknowledgements the worker received in the phase
 
 	// Counted by the worker from the window's start to its end.
 	Cmds int64       `json:"cmds"`           // Redis commands its client sent
@@ -225,6 +226,7 @@ func (h *hotSamples) merge(o *hotSamples) {
 		h.MissedBy[v] = max(h.MissedBy[v], d)
 	}
 	h.Newest = max(h.Newest, o.Newest)
+	h.Heard += o.Heard
 	h.Cmds += o.Cmds
 	if o.Herd != nil {
 		if h.Herd == nil {
@@ -290,7 +292,17 @@ func (w *worker) hotLoad(cmd command) *sampleSet {
 	late := time.Since(start)
 	close(gate)
 	wg.Wait()
+	// The writer's last watermark, after stop, follows every
+	// acknowledgement of the phase.
+	for w.acks.load().mark < cmd.Stop && time.Now().Before(judgeBy) {
+		time.Sleep(time.Millisecond)
+	}
 	total := &hotSamples{}
+	for _, a := range w.acks.load().acks {
+		if a != 0 {
+			total.Heard++
+		}
+	}
 	n := 0
 	for i, p := range parts {
 		total.merge(p)
@@ -338,6 +350,10 @@ type hotResult struct {
 	CmdsPerRead    float64 `json:"redis_cmds_per_read"`
 	ServerCmds     int64   `json:"server_cmds"` // processed by the server in the window, writer's included; -1: unknown
 	SrvCmdsPerRead float64 `json:"server_cmds_per_read"`
+
+	OriginCallsAll int `json:"origin_calls_phase"` // the whole phase's, warm-up included
+	AckedAll       int `json:"acked_phase"`        // acknowledged writes of the whole phase
+	Heard          int `json:"acks_heard"`         // acknowledgements the workers received, summed
 
 	Writes      int     `json:"writes"` // acknowledged in the window
 	WriteErrors int     `json:"write_errors"`
@@ -443,6 +459,9 @@ func (b *bench) hotRun(ctx context.Context, pr *phaseResult, per []*sampleSet, p
 	var wlat hist
 	fromNs, stopNs := from.UnixNano(), stop.UnixNano()
 	for _, w := range wr.log {
+		if w.Ack != 0 {
+			hr.AckedAll++
+		}
 		if w.Start < fromNs || w.Start >= stopNs {
 			continue
 		}
@@ -467,7 +486,7 @@ func (b *bench) hotRun(ctx context.Context, pr *phaseResult, per []*sampleSet, p
 func (hr *hotResult) summarize(hs *hotSamples, d time.Duration) {
 	us := func(ns int64) float64 { return float64(ns) / 1e3 }
 	msOf := func(ns int64) float64 { return float64(ns) / 1e6 }
-	hr.Reads, hr.Hits, hr.Newest = hs.Reads, hs.Hits, hs.Newest
+	hr.Reads, hr.Hits, hr.Newest, hr.Heard = hs.Reads, hs.Hits, hs.Newest, hs.Heard
 	hr.ReadsPerSec = float64(hs.Reads) / d.Seconds()
 	hr.HitP50Us, hr.HitP99Us = us(hs.HitLat.quantile(0.50)), us(hs.HitLat.quantile(0.99))
 	hr.HitP999Us, hr.HitMaxUs = us(hs.HitLat.quantile(0.999)), us(hs.HitLat.Max)
