@@ -301,8 +301,13 @@ func TestValueRoundTrip(t *testing.T) {
 	if err != nil || m.ID != 7 || m.Start != start.UnixNano() || m.End != end.UnixNano() || m.Ver != 3 {
 		t.Fatalf("%+v, %v", m, err)
 	}
-	if _, err := parseValue([]byte("hello")); err == nil {
-		t.Error("foreign bytes parsed")
+	for _, bad := range []string{"hello", "hb|1|2|3|", "hb|1|2|3|x|", "hb||2|3|4|", "hb|1|99999999999999999999|3|4|", "hb|1|2|3|18446744073709551616|"} {
+		if _, err := parseValue([]byte(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = parseValue(b) }); n != 0 {
+		t.Errorf("parseValue: %v allocations", n)
 	}
 }
 
