@@ -19,6 +19,12 @@
 //	failure  the same load while the origin fails for a window
 //	stall    one cold wave whose leader process is SIGSTOPped for three
 //	         times the lease, then SIGCONTed
+//	hotkey   one key read by every caller in a closed loop, while a writer
+//	         in the parent writes a new version of it at -write-rate
+//	         through the strategy's write path; reports the read rate,
+//	         the hit latency, reads served from process memory, Redis
+//	         commands per read, and every read's staleness against the
+//	         writer's acknowledgements (see hotkey.go)
 //
 // # Which Redis
 //
@@ -52,6 +58,7 @@
 //	go run ./bench                                  # everything, on a redis-server it starts (miniredis if none on $PATH)
 //	go run ./bench -quick                           # a smoke run of a few seconds
 //	go run ./bench -embedded -quick                 # on miniredis even when redis-server is installed
+//	go run ./bench -scenarios hotkey -write-rate 10/s -duration 10s
 //	go run ./bench -redis 127.0.0.1:6379 -p 4 -c 64 -origin-latency 50ms -svg docs/bench.svg
 //	go run ./bench -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
 //
