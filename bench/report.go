@@ -234,7 +234,7 @@ func legend(res *results) string {
 		}
 		fmt.Fprintf(&b, "hotkey (over the measured window): hit: a read that waited for no origin call;"+
 			" from memory: reads answered from process memory (herd-near: its Stats.NearHits over its near-cache lookups; the other strategies keep no copy there);"+
-			" redis cmd/read: commands the workers' clients sent per read; server cmd/read: commands the server processed per read, the writer's and pub/sub's included;"+
+			" redis cmd/read: commands the workers' clients sent per read (go-redis hook); server cmd/read: commands the server processed per read, the writer's and pub/sub's included;"+
 			" writes: acknowledged writes of a new version (herd: Cache.Set; the others: their SET);"+
 			" stale: a read that began after the write of a newer version than the one it got had returned, by the time between the two"+
 			" (judged against the writer's acknowledgements; processes share the host clock); stale p99 and max: among the stale reads.")
