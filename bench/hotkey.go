@@ -346,6 +346,9 @@ type hotResult struct {
 	// strategies without a copy in process memory.
 	FromMemory float64 `json:"from_memory"`
 
+	// Herd is herd's counters over the window, summed over the workers.
+	Herd *herd.Stats `json:"herd_stats_window,omitempty"`
+
 	ReaderCmds     int64   `json:"reader_redis_cmds"` // sent by the workers' clients in the window
 	CmdsPerRead    float64 `json:"redis_cmds_per_read"`
 	ServerCmds     int64   `json:"server_cmds"` // processed by the server in the window, writer's included; -1: unknown
@@ -490,7 +493,7 @@ func (hr *hotResult) summarize(hs *hotSamples, d time.Duration) {
 	hr.ReadsPerSec = float64(hs.Reads) / d.Seconds()
 	hr.HitP50Us, hr.HitP99Us = us(hs.HitLat.quantile(0.50)), us(hs.HitLat.quantile(0.99))
 	hr.HitP999Us, hr.HitMaxUs = us(hs.HitLat.quantile(0.999)), us(hs.HitLat.Max)
-	hr.FromMemory = fromMemory(hs.Herd)
+	hr.FromMemory, hr.Herd = fromMemory(hs.Herd), hs.Herd
 	hr.ReaderCmds = hs.Cmds
 	if hs.Reads > 0 {
 		hr.CmdsPerRead = float64(hs.Cmds) / float64(hs.Reads)
