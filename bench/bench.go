@@ -709,7 +709,7 @@ func notes(cfg *config, pr *phaseResult) string {
 				parts = append(parts, fmt.Sprintf("%d misses, %d origin calls", miss, pr.OriginCalls))
 			}
 			if h.StaleReads > 0 {
-				parts = append(parts, fmt.Sprintf("%d of %d writes missed by some read (longest %.1fms)", h.WritesMissed, h.Writes, h.WindowMaxMs))
+				parts = append(parts, fmt.Sprintf("%d of %d writes missed by some read (longest %.2fms)", h.WritesMissed, h.Writes, h.WindowMaxMs))
 			}
 			if h.Unjudged > 0 {
 				parts = append(parts, fmt.Sprintf("%d reads not judged (no watermark after them)", h.Unjudged))

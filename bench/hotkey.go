@@ -341,9 +341,8 @@ type hotResult struct {
 	HitP99Us    float64 `json:"hit_p99_us"`
 	HitP999Us   float64 `json:"hit_p999_us"`
 	HitMaxUs    float64 `json:"hit_max_us"`
-	// FromMemory is the share of the reads served from process memory (for
-	// herd-near its Stats.NearHits over its near lookups); 0 for the
-	// strategies without a copy in process memory.
+	// FromMemory is the share of the reads served from process memory;
+	// 0 for a strategy without a copy there (see fromMemory).
 	FromMemory float64 `json:"from_memory"`
 
 	// Herd is herd's counters over the window, summed over the workers.
@@ -524,11 +523,11 @@ func (hr *hotResult) summarize(hs *hotSamples, d time.Duration) {
 	hr.WindowP99Ms, hr.WindowMaxMs = msOf(win.quantile(0.99)), msOf(win.Max)
 }
 
-// fromMemory is the share of reads a near cache answered, from herd's
-// counters over the window; 0 without one.
-func fromMemory(s *herd.Stats) float64 {
-	return 0
-}
+// fromMemory is the share of reads answered from process memory. No
+// strategy of this bench keeps values there yet, so it is 0: the planned
+// herd-near strategy (herd's near cache, not on main yet) will report the
+// share of its near lookups that hit, from its Stats.
+func fromMemory(*herd.Stats) float64 { return 0 }
 
 // hotWriter is the hotkey scenario's one writer, in the parent.
 type hotWriter struct {

@@ -233,7 +233,7 @@ func legend(res *results) string {
 			b.WriteString("\n")
 		}
 		fmt.Fprintf(&b, "hotkey (over the measured window): hit: a read that waited for no origin call;"+
-			" from memory: reads answered from process memory (herd-near: its Stats.NearHits over its near-cache lookups; the other strategies keep no copy there);"+
+			" from memory: reads answered from process memory (a near cache's hits; a strategy without one shows 0%%);"+
 			" redis cmd/read: commands the workers' clients sent per read (go-redis hook); server cmd/read: commands the server processed per read, the writer's and pub/sub's included;"+
 			" writes: acknowledged writes of a new version (herd: Cache.Set; the others: their SET);"+
 			" stale: a read that began after the write of a newer version than the one it got had returned, by the time between the two"+
