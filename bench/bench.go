@@ -721,6 +721,17 @@ func notes(cfg *config, pr *phaseResult) string {
 				s.Pid, s.StoppedMs/1000, s.ExcludedCalls, s.StalledMaxMs, s.StalledErrors))
 		}
 	}
+	h := pr.Herd
+	if pr.Hot != nil {
+		h = pr.Hot.Herd // the window's (the table's from memory column is its NearHits share)
+	}
+	if h != nil && h.NearHits+h.NearMisses+h.NearBypassed > 0 {
+		if pr.Hot == nil {
+			parts = append(parts, fmt.Sprintf("near hits %.1f%%", 100*fromMemory(h)))
+		}
+		parts = append(parts, fmt.Sprintf("near cache: %d invalidations, %d flushes, %d lookups bypassed",
+			h.NearInvalidations, h.NearFlushes, h.NearBypassed))
+	}
 	if h := pr.Herd; h != nil && (pr.Scenario == scStall || pr.Scenario == scFailure) {
 		parts = append(parts, fmt.Sprintf("takeovers %d, fenced %d, wait timeouts %d", h.Takeovers, h.Fenced, h.WaitTimeouts))
 	}

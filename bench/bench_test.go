@@ -97,7 +97,7 @@ func TestQuick(t *testing.T) {
 	if got, want := len(res.Phases), 2*len(allStrategies); got != want {
 		t.Fatalf("%d phases, want %d (cold and steady × every strategy)", got, want)
 	}
-	for _, st := range []string{stHerdPoll, stHerdNotify, stHerdSWR} {
+	for _, st := range []string{stHerdPoll, stHerdNotify, stHerdSWR, stHerdNear} {
 		pr := phaseOf(t, res, scCold, st)
 		for w, n := range pr.PerWave {
 			if n != 1 {
@@ -359,7 +359,7 @@ func TestPercentiles(t *testing.T) {
 // writes and staleness; the counts add up, and a plain GET per read, which
 // Redis answers in order, is never judged stale.
 func TestHotkey(t *testing.T) {
-	strategies := []string{stNone, stSingle, stHerdNotify}
+	strategies := []string{stNone, stSingle, stHerdNotify, stHerdNear}
 	res, out := runBench(t, "-p", "2", "-c", "8", "-scenarios", "hotkey", "-strategies", strings.Join(strategies, ","),
 		"-duration", "1s", "-write-rate", "20/s")
 	for _, col := range hotHeader {
@@ -395,9 +395,19 @@ func TestHotkey(t *testing.T) {
 		if h.ReaderCmds == 0 || h.CmdsPerRead <= 0 || h.SrvCmdsPerRead <= 0 {
 			t.Errorf("hotkey/%s: %d commands, %.3f per read, %.3f server commands per read", st, h.ReaderCmds, h.CmdsPerRead, h.SrvCmdsPerRead)
 		}
-		if h.FromMemory != 0 {
+		if st != stHerdNear && h.FromMemory != 0 {
 			t.Errorf("hotkey/%s: %.1f%% from memory, without a near cache", st, 100*h.FromMemory)
 		}
+	}
+	// herd-near answers reads from its near cache, and never serves a
+	// value a write replaced more than its Staleness (default 250ms)
+	// before the read.
+	near := phaseOf(t, res, scHot, stHerdNear)
+	if h := near.Hot; h.FromMemory <= 0 || near.Herd == nil || near.Herd.NearHits == 0 {
+		t.Errorf("hotkey/herd-near: %.1f%% from memory, herd stats %+v: the near cache answered nothing", 100*h.FromMemory, near.Herd)
+	}
+	if h := near.Hot; h.StaleMaxMs >= 250 {
+		t.Errorf("hotkey/herd-near: a read %.1fms stale, beyond the near cache's 250ms bound", h.StaleMaxMs)
 	}
 	// none sends one GET per read (and GET, SET per miss): the hook's
 	// count over the whole phase says so exactly.

@@ -33,11 +33,16 @@ const (
 	stHerdPoll    = "herd-poll"
 	stHerdNotify  = "herd-notify"
 	stHerdSWR     = "herd-swr"
+	stHerdNear    = "herd-near"
 	lockPoll      = 10 * time.Millisecond // redislock strategy's polling interval
 	herdPollEvery = 10 * time.Millisecond // herd-poll's PollMin and PollMax
 )
 
-var allStrategies = []string{stNone, stSingle, stGoCache, stRedisLock, stHerdPoll, stHerdNotify, stHerdSWR}
+var allStrategies = []string{stNone, stSingle, stGoCache, stRedisLock, stHerdPoll, stHerdNotify, stHerdSWR, stHerdNear}
+
+// nearEntries is herd-near's Options.Near.MaxEntries: room for every key
+// of the steady scenario's default key set and more.
+const nearEntries = 10_000
 
 // isHerd reports whether a strategy is one of herd's.
 func isHerd(st string) bool { return strings.HasPrefix(st, "herd-") }

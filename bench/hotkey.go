@@ -523,11 +523,19 @@ func (hr *hotResult) summarize(hs *hotSamples, d time.Duration) {
 	hr.WindowP99Ms, hr.WindowMaxMs = msOf(win.quantile(0.99)), msOf(win.Max)
 }
 
-// fromMemory is the share of reads answered from process memory. No
-// strategy of this bench keeps values there yet, so it is 0: the planned
-// herd-near strategy (herd's near cache, not on main yet) will report the
-// share of its near lookups that hit, from its Stats.
-func fromMemory(*herd.Stats) float64 { return 0 }
+// fromMemory is the share of reads answered from process memory: from
+// herd's counters, the near cache's hits over its lookups (herd-near); 0
+// for a strategy without a near cache.
+func fromMemory(s *herd.Stats) float64 {
+	if s == nil {
+		return 0
+	}
+	lookups := s.NearHits + s.NearMisses + s.NearBypassed
+	if lookups == 0 {
+		return 0
+	}
+	return float64(s.NearHits) / float64(lookups)
+}
 
 // hotWriter is the hotkey scenario's one writer, in the parent.
 type hotWriter struct {

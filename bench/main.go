@@ -1,7 +1,7 @@
 // Command bench is herd's stampede load benchmark: several instance
 // processes, each with many concurrent callers, read keys from one shared
 // Redis and rebuild them from a slow origin when they are missing, with
-// seven strategies run one after another in the same run:
+// eight strategies run one after another in the same run:
 //
 //	none          GET; on a miss call the origin and SET
 //	singleflight  the same inside golang.org/x/sync/singleflight (per process)
@@ -10,6 +10,8 @@
 //	herd-poll     herd with pub/sub unavailable (followers poll every 10 ms)
 //	herd-notify   herd with its defaults (followers woken by pub/sub)
 //	herd-swr      herd with StaleFor (stale-while-revalidate)
+//	herd-near     herd with its near cache (Options.Near: values in process
+//	              memory, invalidated cluster-wide on every write)
 //
 // Scenarios:
 //

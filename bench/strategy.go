@@ -56,6 +56,9 @@ func newStrategy(p strategyParams, rdb redis.UniversalClient) (strategy, error) 
 		return &herdCache{c: herd.New(rdb, &herd.Options{Prefix: p.Prefix}), ttl: p.TTL}, nil
 	case stHerdSWR:
 		return &herdCache{c: herd.New(rdb, &herd.Options{Prefix: p.Prefix, StaleFor: p.StaleFor}), ttl: p.TTL}, nil
+	case stHerdNear:
+		opt := &herd.Options{Prefix: p.Prefix, Near: herd.NearOptions{MaxEntries: nearEntries}}
+		return &herdCache{c: herd.New(rdb, opt), ttl: p.TTL}, nil
 	}
 	return nil, fmt.Errorf("unknown strategy %q", p.Name)
 }
