@@ -76,6 +76,8 @@ func tableRow(pr *phaseResult) []string {
 			return fmt.Sprintf("%.0f", x)
 		case x >= 10:
 			return fmt.Sprintf("%.1f", x)
+		case x > 0 && x < 0.01:
+			return fmt.Sprintf("%.4f", x) // a near hit is under a microsecond
 		}
 		return fmt.Sprintf("%.2f", x)
 	}
