@@ -41,6 +41,8 @@ type settings struct {
 	Callers       int      `json:"callers_per_proc"`
 	Waves         int      `json:"waves"`
 	DurationS     float64  `json:"duration_s"`
+	HotDurationS  float64  `json:"hotkey_duration_s"`
+	WriteRate     float64  `json:"hotkey_write_rate_per_s"`
 	OriginLatency string   `json:"origin_latency"`
 	Keys          int      `json:"keys"`
 	Zipf          float64  `json:"zipf_s"`
@@ -100,6 +102,7 @@ type phaseResult struct {
 
 	Failure  []segmentResult `json:"failure_segments,omitempty"`
 	Stall    *stallResult    `json:"stall,omitempty"`
+	Hot      *hotResult      `json:"hotkey,omitempty"`
 	Timeline *timeline       `json:"timeline,omitempty"`
 	Notes    string          `json:"notes"`
 }
@@ -194,6 +197,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (*results, 
 		Host: fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
 		Settings: settings{
 			Procs: cfg.Procs, Callers: cfg.Callers, Waves: cfg.Waves, DurationS: cfg.Duration.Seconds(),
+			HotDurationS: cfg.HotDuration.Seconds(), WriteRate: cfg.WriteRate,
 			OriginLatency: cfg.lat.String(), Keys: cfg.Keys, Zipf: cfg.Zipf, TTLS: cfg.TTL.Seconds(),
 			StaleForS: cfg.StaleFor.Seconds(), ThinkMs: ms(cfg.Think), ValueSize: cfg.ValueSize,
 			FailWindowS: cfg.FailWindow.Seconds(), WarmupS: cfg.Warmup.Seconds(), StallLeaseS: stallLease.Seconds(),
@@ -252,6 +256,8 @@ func estimate(cfg *config) time.Duration {
 			per += cfg.Warmup + 3*cfg.FailWindow
 		case scStall:
 			per += 3*stallLease + 3*time.Second
+		case scHot:
+			per += cfg.Warmup + cfg.HotDuration + time.Second
 		}
 	}
 	return time.Duration(len(cfg.Strategies)) * per
@@ -265,9 +271,10 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 	prefix := "hb" + b.runID + "-" + sc + "-" + st
 	b.prog.set(true, "[%d/%d] %s × %s: setting up", b.step, b.steps, sc, st)
 	b.origin.begin(phase, st)
+	params := strategyParams{Name: st, Prefix: prefix, TTL: cfg.TTL, StaleFor: cfg.StaleFor}
 	if err := b.fleet.broadcast(command{
 		Op: "setup", Phase: phase, Strategy: st, Prefix: prefix, Redis: b.redis.spec, Origin: b.origin.url,
-		Callers: cfg.Callers, TTL: int64(cfg.TTL), StaleFor: int64(cfg.StaleFor),
+		Callers: cfg.Callers, TTL: int64(params.TTL), StaleFor: int64(params.StaleFor),
 		Timeout: int64(cfg.CallTimeout), Think: int64(cfg.Think),
 	}); err != nil {
 		return nil, err
@@ -287,6 +294,7 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 	var window [2]int64 // load scenarios: the measured window
 	var bounds []int64
 	var stall *stallResult
+	var hot *hotResult
 	switch sc {
 	case scCold:
 		err = b.waves(ctx, pr, per)
@@ -294,6 +302,8 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 		window, bounds, err = b.loadRun(ctx, pr, per)
 	case scStall:
 		stall, err = b.stall(ctx, pr, per)
+	case scHot:
+		hot, err = b.hotRun(ctx, pr, per, params)
 	}
 	if err != nil {
 		return nil, err
@@ -457,6 +467,23 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 					}
 				}
 				pr.Failure = append(pr.Failure, sr)
+			}
+		}
+	case scHot:
+		hs := all.Hot
+		if hs == nil {
+			hs = &hotSamples{}
+		}
+		hot.summarize(hs, cfg.HotDuration)
+		pr.Hot = hot
+		hot.OriginCallsAll = len(events)
+		pr.Requests, pr.Errors, pr.ErrorMsg, pr.Hit = hs.Reads, hs.Errors, hs.ErrSample, hs.Hits
+		pr.Latency = hs.Lat.pct()
+		pr.CmdsPerReq, pr.ServerCmds, pr.SrvCmdsPerReq = hot.CmdsPerRead, hot.ServerCmds, hot.SrvCmdsPerRead
+		from, stop := hot.window[0], hot.window[1]
+		for _, e := range events {
+			if e.Start >= from && e.Start < stop {
+				pr.OriginCalls++
 			}
 		}
 	}
@@ -672,11 +699,38 @@ func notes(cfg *config, pr *phaseResult) string {
 			a := pr.Failure[2]
 			parts = append(parts, "after: "+pctOf(a.Errors, a.Calls)+" failed")
 		}
+	case scHot:
+		if h := pr.Hot; h != nil {
+			parts = append(parts, fmt.Sprintf("writes: p50 %.2fms, p99 %.2fms", h.WriteP50Ms, h.WriteP99Ms))
+			if h.WriteErrors > 0 {
+				parts = append(parts, fmt.Sprintf("%d writes failed", h.WriteErrors))
+			}
+			if miss := pr.Requests - pr.Errors - h.Hits; miss > 0 {
+				parts = append(parts, fmt.Sprintf("%d misses, %d origin calls", miss, pr.OriginCalls))
+			}
+			if h.StaleReads > 0 {
+				parts = append(parts, fmt.Sprintf("%d of %d writes missed by some read (longest %.2fms)", h.WritesMissed, h.Writes, h.WindowMaxMs))
+			}
+			if h.Unjudged > 0 {
+				parts = append(parts, fmt.Sprintf("%d reads not judged (no watermark after them)", h.Unjudged))
+			}
+		}
 	case scStall:
 		if s := pr.Stall; s != nil {
 			parts = append(parts, fmt.Sprintf("stopped pid %d for %.1fs; its %d calls apart (max %.0fms, %d errors)",
 				s.Pid, s.StoppedMs/1000, s.ExcludedCalls, s.StalledMaxMs, s.StalledErrors))
 		}
+	}
+	h := pr.Herd
+	if pr.Hot != nil {
+		h = pr.Hot.Herd // the window's (the table's from memory column is its NearHits share)
+	}
+	if h != nil && h.NearHits+h.NearMisses+h.NearBypassed > 0 {
+		if pr.Hot == nil {
+			parts = append(parts, fmt.Sprintf("near hits %.1f%%", 100*fromMemory(h)))
+		}
+		parts = append(parts, fmt.Sprintf("near cache: %d invalidations, %d flushes, %d lookups bypassed",
+			h.NearInvalidations, h.NearFlushes, h.NearBypassed))
 	}
 	if h := pr.Herd; h != nil && (pr.Scenario == scStall || pr.Scenario == scFailure) {
 		parts = append(parts, fmt.Sprintf("takeovers %d, fenced %d, wait timeouts %d", h.Takeovers, h.Fenced, h.WaitTimeouts))

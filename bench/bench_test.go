@@ -13,6 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
 )
 
 // testMainEnv makes the test binary run main, the bench command (see
@@ -94,7 +97,7 @@ func TestQuick(t *testing.T) {
 	if got, want := len(res.Phases), 2*len(allStrategies); got != want {
 		t.Fatalf("%d phases, want %d (cold and steady × every strategy)", got, want)
 	}
-	for _, st := range []string{stHerdPoll, stHerdNotify, stHerdSWR} {
+	for _, st := range []string{stHerdPoll, stHerdNotify, stHerdSWR, stHerdNear} {
 		pr := phaseOf(t, res, scCold, st)
 		for w, n := range pr.PerWave {
 			if n != 1 {
@@ -262,7 +265,22 @@ func TestFlags(t *testing.T) {
 	if strings.Join(c.Scenarios, ",") != "cold,stall" || strings.Join(c.Strategies, ",") != "none,herd-swr" {
 		t.Errorf("lists not in canonical order: %v %v", c.Scenarios, c.Strategies)
 	}
+	c, err = parseFlags([]string{"-write-rate", "2.5/s"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.WriteRate != 2.5 || c.Duration != 10*time.Second || c.HotDuration != defaultHotDuration {
+		t.Errorf("-write-rate 2.5/s: rate %v, durations %v, %v", c.WriteRate, c.Duration, c.HotDuration)
+	}
+	c, err = parseFlags([]string{"-duration", "2s", "-write-rate", "0"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.WriteRate != 0 || c.Duration != 2*time.Second || c.HotDuration != 2*time.Second {
+		t.Errorf("-duration 2s: rate %v, durations %v, %v (want -duration for both)", c.WriteRate, c.Duration, c.HotDuration)
+	}
 	for _, bad := range [][]string{
+		{"-write-rate", "fast"}, {"-write-rate", "-1/s"}, {"-write-rate", "1/m"}, {"-write-rate", "1e9/s"},
 		{"-scenarios", "warm"}, {"-strategies", "memcache"}, {"-ttl", "500ms"}, {"-redis", "a:1", "-cluster", "b:1"},
 		{"-p", "0"}, {"-zipf", "1"}, {"extra"}, {"-embedded", "-redis", "a:1"}, {"-embedded", "-cluster", "a:1,b:1"},
 	} {
@@ -275,16 +293,21 @@ func TestFlags(t *testing.T) {
 func TestValueRoundTrip(t *testing.T) {
 	start := time.Unix(100, 5)
 	end := start.Add(50 * time.Millisecond)
-	b := makeValue(7, start, end, 128)
+	b := makeValue(7, start, end, 3, 128)
 	if len(b) != 128 {
 		t.Fatalf("len %d", len(b))
 	}
 	m, err := parseValue(b)
-	if err != nil || m.ID != 7 || m.Start != start.UnixNano() || m.End != end.UnixNano() {
+	if err != nil || m.ID != 7 || m.Start != start.UnixNano() || m.End != end.UnixNano() || m.Ver != 3 {
 		t.Fatalf("%+v, %v", m, err)
 	}
-	if _, err := parseValue([]byte("hello")); err == nil {
-		t.Error("foreign bytes parsed")
+	for _, bad := range []string{"hello", "hb|1|2|3|", "hb|1|2|3|x|", "hb||2|3|4|", "hb|1|99999999999999999999|3|4|", "hb|1|2|3|18446744073709551616|"} {
+		if _, err := parseValue([]byte(bad)); err == nil {
+			t.Errorf("%q parsed", bad)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _, _ = parseValue(b) }); n != 0 {
+		t.Errorf("parseValue: %v allocations", n)
 	}
 }
 
@@ -327,6 +350,206 @@ func TestPercentiles(t *testing.T) {
 		t.Errorf("%+v", p)
 	}
 	if (percentiles(nil) != pct{}) {
+		t.Error("empty")
+	}
+}
+
+// TestHotkey runs the hotkey scenario with 2 processes for a short window:
+// every strategy reports its read rate, hit latency, commands per read,
+// writes and staleness; the counts add up, and a plain GET per read, which
+// Redis answers in order, is never judged stale.
+func TestHotkey(t *testing.T) {
+	strategies := []string{stNone, stSingle, stHerdNotify, stHerdNear}
+	res, out := runBench(t, "-p", "2", "-c", "8", "-scenarios", "hotkey", "-strategies", strings.Join(strategies, ","),
+		"-duration", "1s", "-write-rate", "20/s")
+	for _, col := range hotHeader {
+		if !strings.Contains(out, col) {
+			t.Errorf("the table has no column %q", col)
+		}
+	}
+	for _, st := range strategies {
+		pr := phaseOf(t, res, scHot, st)
+		h := pr.Hot
+		if h == nil {
+			t.Fatalf("hotkey/%s: no hotkey result", st)
+		}
+		if h.Reads == 0 || h.ReadsPerSec <= 0 || h.Hits == 0 || h.HitP50Us <= 0 || h.HitP99Us < h.HitP50Us {
+			t.Errorf("hotkey/%s: %d reads (%.0f/s), %d hits, hit p50 %.1fµs p99 %.1fµs: the load did not run",
+				st, h.Reads, h.ReadsPerSec, h.Hits, h.HitP50Us, h.HitP99Us)
+		}
+		if pr.Errors != 0 {
+			t.Errorf("hotkey/%s: %d errors (%s)", st, pr.Errors, pr.ErrorMsg)
+		}
+		if h.Writes == 0 || h.WriteErrors != 0 || h.Newest < 2 {
+			t.Errorf("hotkey/%s: %d writes, %d failed, newest version read %d: the writer did not write, or no read saw it",
+				st, h.Writes, h.WriteErrors, h.Newest)
+		}
+		// Every worker heard of every acknowledged write, and judged
+		// every successful read.
+		if h.Heard != res.Settings.Procs*h.AckedAll {
+			t.Errorf("hotkey/%s: the workers heard %d acknowledgements, want %d × %d", st, h.Heard, res.Settings.Procs, h.AckedAll)
+		}
+		if h.Judged != h.Reads-pr.Errors || h.Unjudged != 0 {
+			t.Errorf("hotkey/%s: %d reads, %d errors, %d judged, %d not judged", st, h.Reads, pr.Errors, h.Judged, h.Unjudged)
+		}
+		if h.ReaderCmds == 0 || h.CmdsPerRead <= 0 || h.SrvCmdsPerRead <= 0 {
+			t.Errorf("hotkey/%s: %d commands, %.3f per read, %.3f server commands per read", st, h.ReaderCmds, h.CmdsPerRead, h.SrvCmdsPerRead)
+		}
+		if st != stHerdNear && h.FromMemory != 0 {
+			t.Errorf("hotkey/%s: %.1f%% from memory, without a near cache", st, 100*h.FromMemory)
+		}
+	}
+	// herd-near answers reads from its near cache, and never serves a
+	// value a write replaced more than its Staleness (default 250ms)
+	// before the read.
+	near := phaseOf(t, res, scHot, stHerdNear)
+	if h := near.Hot; h.FromMemory <= 0 || near.Herd == nil || near.Herd.NearHits == 0 {
+		t.Errorf("hotkey/herd-near: %.1f%% from memory, herd stats %+v: the near cache answered nothing", 100*h.FromMemory, near.Herd)
+	}
+	if h := near.Hot; h.StaleMaxMs >= 250 {
+		t.Errorf("hotkey/herd-near: a read %.1fms stale, beyond the near cache's 250ms bound", h.StaleMaxMs)
+	}
+	// none sends one GET per read (and GET, SET per miss): the hook's
+	// count over the whole phase says so exactly.
+	none := phaseOf(t, res, scHot, stNone)
+	if misses := none.Hot.OriginCallsAll; none.RedisCmds != int64(none.TotalCalls+misses) {
+		t.Errorf("hotkey/none: %d commands counted for %d reads and %d origin calls, want one per read and one per origin call",
+			none.RedisCmds, none.TotalCalls, misses)
+	}
+	// With no miss (no SET of an older version loaded from the origin),
+	// a GET sent after the writer's SET returned gets that version or a
+	// newer one: none is never stale.
+	if none.Hot.OriginCallsAll == 0 && none.Hot.StaleReads != 0 {
+		t.Errorf("hotkey/none: %d stale reads (max %.2fms) with every read a GET and no miss", none.Hot.StaleReads, none.Hot.StaleMaxMs)
+	}
+}
+
+// TestStaleness judges a hand-made log of writes and reads: versions 1, 2
+// and 3 acknowledged at 100, 200 and 300, version 4's write failed,
+// version 5 acknowledged at 500, the watermark at 600.
+func TestStaleness(t *testing.T) {
+	var s ackStore
+	s.reset()
+	s.ack(1, 100)
+	s.ack(2, 200)
+	s.ack(3, 300)
+	s.watermark(350) // version 4's write failed
+	s.ack(5, 500)
+	s.watermark(600)
+	l := s.load()
+	for _, tc := range []struct {
+		name   string
+		start  int64
+		got    uint64
+		stale  int64
+		missed uint64
+		known  bool
+	}{
+		{"stale: began 50 after version 2 was acknowledged, got 1", 250, 1, 50, 2, true},
+		{"overlapped the write of 2: began before its acknowledgement, got 1", 190, 1, 0, 0, true},
+		{"fresh: got 2, version 3 acknowledged after it began", 250, 2, 0, 0, true},
+		{"fresh: began at the very acknowledgement", 300, 2, 0, 0, true},
+		{"got a version newer than any acknowledged (the origin's)", 150, 2, 0, 0, true},
+		{"missed 5 (4 failed): stale by 100", 600, 3, 100, 5, true},
+		{"newest, before the watermark", 599, 5, 0, 0, true},
+		{"newest, after the watermark: not known yet", 601, 5, 0, 0, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			stale, missed, known := l.judge(tc.start, tc.got)
+			if stale != tc.stale || missed != tc.missed || known != tc.known {
+				t.Errorf("judge(%d, %d) = %d, %d, %v; want %d, %d, %v", tc.start, tc.got, stale, missed, known, tc.stale, tc.missed, tc.known)
+			}
+		})
+	}
+
+	// A caller's reads wait until they can be judged, in order.
+	s.reset()
+	s.ack(1, 100)
+	var tr staleTracker
+	var hs hotSamples
+	tr.add(hotRead{Start: 150, Ver: 1}, s.load(), &hs) // not known until a watermark or version 2
+	tr.add(hotRead{Start: 190, Ver: 1}, s.load(), &hs)
+	tr.add(hotRead{Start: 260, Ver: 1}, s.load(), &hs)
+	tr.add(hotRead{Start: 270, Ver: 2}, s.load(), &hs)
+	if hs.Judged != 0 || len(tr.pend) != 4 {
+		t.Fatalf("judged %d, %d pending; want 0 judged before any newer acknowledgement or watermark", hs.Judged, len(tr.pend))
+	}
+	s.ack(2, 200) // the read at 260 missed it by 60; the ones at 150 and 190 overlapped it
+	tr.resolve(s.load(), &hs)
+	if hs.Judged != 3 || len(tr.pend) != 1 || hs.Stale.N != 1 || hs.Stale.Max != 60 || hs.MissedBy[2] != 60 {
+		t.Fatalf("after version 2's acknowledgement: judged %d, %d pending, %d stale (max %d, by version %v); want 3, 1, 1 (60 by version 2)",
+			hs.Judged, len(tr.pend), hs.Stale.N, hs.Stale.Max, hs.MissedBy)
+	}
+	s.watermark(1000)
+	tr.finish(&s, &hs, time.Now())
+	if hs.Judged != 4 || hs.Unjudged != 0 || hs.Stale.N != 1 {
+		t.Errorf("after the watermark: judged %d, %d not judged, %d stale; want 4, 0, 1", hs.Judged, hs.Unjudged, hs.Stale.N)
+	}
+	// Without a watermark past it, a read is left undecided, not fresh.
+	tr.add(hotRead{Start: 2000, Ver: 2}, s.load(), &hs)
+	tr.finish(&s, &hs, time.Now())
+	if hs.Judged != 4 || hs.Unjudged != 1 {
+		t.Errorf("with no watermark after the read: judged %d, %d not judged; want 4, 1", hs.Judged, hs.Unjudged)
+	}
+}
+
+// TestCounter checks the go-redis hook that the commands per request come
+// from: one per command, each command of a pipeline once, the connection
+// handshake not at all, and failures apart from misses.
+func TestCounter(t *testing.T) {
+	m := miniredis.RunT(t)
+	rdb := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	cnt := &counter{}
+	rdb.AddHook(cnt)
+	ctx := context.Background()
+	if err := rdb.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	_ = rdb.Get(ctx, "k").Err()
+	_ = rdb.Get(ctx, "missing").Err() // redis.Nil: a miss, not a failure
+	_, _ = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Get(ctx, "k")
+		p.Incr(ctx, "k") // fails: not an integer
+		return nil
+	})
+	if got, want := cnt.cmds.Load(), int64(5); got != want {
+		t.Errorf("%d commands counted, want %d (SET, GET, GET, and a pipeline of 2)", got, want)
+	}
+	if got := cnt.errs.Load(); got != 1 {
+		t.Errorf("%d failures counted, want 1 (the INCR); kinds %v", got, cnt.errorKinds())
+	}
+}
+
+func TestHist(t *testing.T) {
+	var h hist
+	for i := int64(1); i <= 1000; i++ {
+		h.add(i * 1000) // 1..1000 µs
+	}
+	for _, tc := range []struct {
+		q    float64
+		want int64
+	}{{0.5, 500_000}, {0.99, 990_000}, {1, 1_000_000}} {
+		if got := h.quantile(tc.q); got < tc.want*97/100 || got > tc.want*103/100 {
+			t.Errorf("quantile(%v) = %d, want %d within 3%%", tc.q, got, tc.want)
+		}
+	}
+	if h.Max != 1_000_000 || h.N != 1000 {
+		t.Errorf("max %d, n %d", h.Max, h.N)
+	}
+	for v := int64(0); v < 1<<20; v = v*5/4 + 1 {
+		lo, hi := histBounds(histIndex(v))
+		if v < lo || v > hi {
+			t.Fatalf("%d in bucket %d = [%d, %d]", v, histIndex(v), lo, hi)
+		}
+	}
+	var m hist
+	m.merge(&h)
+	m.merge(&hist{})
+	if m.N != h.N || m.quantile(0.5) != h.quantile(0.5) {
+		t.Errorf("merged: n %d, p50 %d", m.N, m.quantile(0.5))
+	}
+	if (&hist{}).quantile(0.5) != 0 {
 		t.Error("empty")
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -18,9 +19,10 @@ const (
 	scSteady  = "steady"
 	scFailure = "failure"
 	scStall   = "stall"
+	scHot     = "hotkey"
 )
 
-var allScenarios = []string{scCold, scSteady, scFailure, scStall}
+var allScenarios = []string{scCold, scSteady, scFailure, scStall, scHot}
 
 // Strategy names, in the order they run within a scenario.
 const (
@@ -31,11 +33,16 @@ const (
 	stHerdPoll    = "herd-poll"
 	stHerdNotify  = "herd-notify"
 	stHerdSWR     = "herd-swr"
+	stHerdNear    = "herd-near"
 	lockPoll      = 10 * time.Millisecond // redislock strategy's polling interval
 	herdPollEvery = 10 * time.Millisecond // herd-poll's PollMin and PollMax
 )
 
-var allStrategies = []string{stNone, stSingle, stGoCache, stRedisLock, stHerdPoll, stHerdNotify, stHerdSWR}
+var allStrategies = []string{stNone, stSingle, stGoCache, stRedisLock, stHerdPoll, stHerdNotify, stHerdSWR, stHerdNear}
+
+// nearEntries is herd-near's Options.Near.MaxEntries: room for every key
+// of the steady scenario's default key set and more.
+const nearEntries = 10_000
 
 // isHerd reports whether a strategy is one of herd's.
 func isHerd(st string) bool { return strings.HasPrefix(st, "herd-") }
@@ -49,7 +56,10 @@ const stallLease = time.Second
 // config is the parsed command line.
 type config struct {
 	Procs, Callers, Waves int
-	Duration              time.Duration
+	Duration              time.Duration // steady
+	HotDuration           time.Duration // hotkey: -duration when given, else defaultHotDuration
+	WriteRate             float64       // hotkey: writes per second (0: none)
+	WriteRateFlag         string
 	OriginLatency         string
 	lat                   latencyDist
 	Scenarios, Strategies []string
@@ -82,7 +92,8 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	fs.IntVar(&c.Procs, "p", 4, "instance `processes` (each one a separate OS process)")
 	fs.IntVar(&c.Callers, "c", 64, "concurrent `callers` per process")
 	fs.IntVar(&c.Waves, "waves", 10, "cold waves (one fresh key per wave; also the stall scenario runs one wave)")
-	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "measured length of the steady scenario")
+	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "measured length of the steady scenario, and of the hotkey scenario when given (else "+defaultHotDuration.String()+")")
+	fs.StringVar(&c.WriteRateFlag, "write-rate", "10/s", "hotkey scenario: how often the writer writes a new version of the key (`N/s`; 0 for never)")
 	fs.StringVar(&c.OriginLatency, "origin-latency", "50ms", "origin latency: a duration, uniform:MIN-MAX or exp:MEAN")
 	fs.StringVar(&scen, "scenarios", strings.Join(allScenarios, ","), "comma list of scenarios: "+strings.Join(allScenarios, ","))
 	fs.StringVar(&strat, "strategies", strings.Join(allStrategies, ","), "comma list of strategies: "+strings.Join(allStrategies, ","))
@@ -109,6 +120,10 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	c.Warmup = c.TTL
+	c.HotDuration = defaultHotDuration
+	if set["duration"] {
+		c.HotDuration = c.Duration
+	}
 	if c.Quick {
 		def := func(name string, apply func()) {
 			if !set[name] {
@@ -118,7 +133,7 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 		def("p", func() { c.Procs = 2 })
 		def("c", func() { c.Callers = 16 })
 		def("waves", func() { c.Waves = 3 })
-		def("duration", func() { c.Duration = time.Second })
+		def("duration", func() { c.Duration, c.HotDuration = time.Second, time.Second })
 		def("scenarios", func() { scen = scCold + "," + scSteady })
 		def("keys", func() { c.Keys = 200 })
 		def("fail-window", func() { c.FailWindow = 500 * time.Millisecond })
@@ -128,6 +143,9 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 
 	var err error
 	if c.lat, err = parseLatency(c.OriginLatency); err != nil {
+		return nil, err
+	}
+	if c.WriteRate, err = parseRate(c.WriteRateFlag); err != nil {
 		return nil, err
 	}
 	if c.Scenarios, err = parseList(scen, allScenarios, "scenario"); err != nil {
@@ -172,6 +190,25 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-fail-window %v: want at least 100ms", c.FailWindow)
 	}
 	return c, nil
+}
+
+// defaultHotDuration is the hotkey scenario's measured length without
+// -duration: shorter than steady's, so that the default run (every
+// strategy) stays within a few minutes.
+const defaultHotDuration = 3 * time.Second
+
+// maxWriteRate bounds -write-rate: the writer is one loop of
+// acknowledged writes, each announced to every worker.
+const maxWriteRate = 1000
+
+// parseRate parses a rate "N/s" (or a bare N) in events per second.
+func parseRate(s string) (float64, error) {
+	num, _ := strings.CutSuffix(strings.TrimSpace(s), "/s")
+	r, err := strconv.ParseFloat(num, 64)
+	if err != nil || r < 0 || r > maxWriteRate || math.IsNaN(r) {
+		return 0, fmt.Errorf("-write-rate %q: want N/s with 0 <= N <= %d (10/s, 0.5/s, 0)", s, maxWriteRate)
+	}
+	return r, nil
 }
 
 func parseList(s string, known []string, what string) ([]string, error) {

@@ -1,7 +1,7 @@
 // Command bench is herd's stampede load benchmark: several instance
 // processes, each with many concurrent callers, read keys from one shared
 // Redis and rebuild them from a slow origin when they are missing, with
-// seven strategies run one after another in the same run:
+// eight strategies run one after another in the same run:
 //
 //	none          GET; on a miss call the origin and SET
 //	singleflight  the same inside golang.org/x/sync/singleflight (per process)
@@ -10,6 +10,8 @@
 //	herd-poll     herd with pub/sub unavailable (followers poll every 10 ms)
 //	herd-notify   herd with its defaults (followers woken by pub/sub)
 //	herd-swr      herd with StaleFor (stale-while-revalidate)
+//	herd-near     herd with its near cache (Options.Near: values in process
+//	              memory, invalidated cluster-wide on every write)
 //
 // Scenarios:
 //
@@ -19,6 +21,12 @@
 //	failure  the same load while the origin fails for a window
 //	stall    one cold wave whose leader process is SIGSTOPped for three
 //	         times the lease, then SIGCONTed
+//	hotkey   one key read by every caller in a closed loop, while a writer
+//	         in the parent writes a new version of it at -write-rate
+//	         through the strategy's write path; reports the read rate,
+//	         the hit latency, reads served from process memory, Redis
+//	         commands per read, and every read's staleness against the
+//	         writer's acknowledgements (see hotkey.go)
 //
 // # Which Redis
 //
@@ -52,6 +60,7 @@
 //	go run ./bench                                  # everything, on a redis-server it starts (miniredis if none on $PATH)
 //	go run ./bench -quick                           # a smoke run of a few seconds
 //	go run ./bench -embedded -quick                 # on miniredis even when redis-server is installed
+//	go run ./bench -scenarios hotkey -write-rate 10/s -duration 10s
 //	go run ./bench -redis 127.0.0.1:6379 -p 4 -c 64 -origin-latency 50ms -svg docs/bench.svg
 //	go run ./bench -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
 //

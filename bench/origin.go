@@ -5,10 +5,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -53,6 +55,11 @@ type origin struct {
 	stallKey string         // the first call for this key triggers onStall
 	onStall  func(pid int)  // runs synchronously, before the call's latency
 	first    map[string]int // key -> pid of its first caller in this phase
+
+	// version is the data's current version (the hotkey scenario's writer
+	// raises it before each write, as a write to the database would): a
+	// value built by a call carries the version of when the call started.
+	version atomic.Uint64
 }
 
 func startOrigin(lat latencyDist, valueSize int) (*origin, error) {
@@ -87,7 +94,11 @@ func (o *origin) begin(phase, strategy string) {
 	o.failFrom, o.failTo = time.Time{}, time.Time{}
 	o.stallKey, o.onStall = "", nil
 	o.first = map[string]int{}
+	o.version.Store(0)
 }
+
+// setVersion makes the calls that start from now on build version v.
+func (o *origin) setVersion(v uint64) { o.version.Store(v) }
 
 // end stops recording and returns the phase's calls (complete ones).
 func (o *origin) end() (events []originEvent, stray int) {
@@ -141,6 +152,7 @@ func (o *origin) load(w http.ResponseWriter, r *http.Request) {
 	}
 	o.nextID++
 	id := o.nextID
+	ver := o.version.Load()
 	o.inflight++
 	o.peak = max(o.peak, o.inflight)
 	phase := o.phase
@@ -166,14 +178,16 @@ func (o *origin) load(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "origin failing (failure scenario)", http.StatusServiceUnavailable)
 		return
 	}
-	_, _ = w.Write(makeValue(id, start, end, o.valueSize))
+	_, _ = w.Write(makeValue(id, start, end, ver, o.valueSize))
 }
 
-// A value is "hb|<call id>|<origin start ns>|<origin end ns>|" padded to
-// the value size: whoever receives it knows which origin call built it
-// and how long that call took.
-func makeValue(id uint64, start, end time.Time, size int) []byte {
-	b := fmt.Appendf(nil, "hb|%d|%d|%d|", id, start.UnixNano(), end.UnixNano())
+// A value is "hb|<call id>|<origin start ns>|<origin end ns>|<version>|"
+// padded to the value size: whoever receives it knows which origin call
+// built it, how long that call took, and which version of the data it
+// holds. The hotkey scenario's writer writes values with call id 0 (no
+// origin call) and start = end = the time it began the write.
+func makeValue(id uint64, start, end time.Time, ver uint64, size int) []byte {
+	b := fmt.Appendf(nil, "hb|%d|%d|%d|%d|", id, start.UnixNano(), end.UnixNano(), ver)
 	if len(b) < size {
 		b = append(b, bytes.Repeat([]byte{'.'}, size-len(b))...)
 	}
@@ -181,22 +195,50 @@ func makeValue(id uint64, start, end time.Time, size int) []byte {
 }
 
 type valueMeta struct {
-	ID         uint64
-	Start, End int64 // unix ns
+	ID         uint64 // the origin call that built it; 0: the hotkey writer
+	Start, End int64  // unix ns
+	Ver        uint64 // the data's version
 }
 
 var errBadValue = errors.New("value not built by this benchmark's origin")
 
+// parseValue reads a value's fields without allocating: the hotkey
+// scenario parses every read, at up to memory speed.
 func parseValue(b []byte) (valueMeta, error) {
-	parts := bytes.SplitN(b, []byte{'|'}, 5)
-	if len(parts) != 5 || string(parts[0]) != "hb" {
+	rest, ok := bytes.CutPrefix(b, []byte("hb|"))
+	if !ok {
 		return valueMeta{}, errBadValue
 	}
-	id, err1 := strconv.ParseUint(string(parts[1]), 10, 64)
-	s, err2 := strconv.ParseInt(string(parts[2]), 10, 64)
-	e, err3 := strconv.ParseInt(string(parts[3]), 10, 64)
-	if err1 != nil || err2 != nil || err3 != nil {
-		return valueMeta{}, errBadValue
+	var f [4]uint64
+	for i := range f {
+		j := bytes.IndexByte(rest, '|')
+		if j < 0 {
+			return valueMeta{}, errBadValue
+		}
+		n, ok := parseDigits(rest[:j])
+		if !ok || (i == 1 || i == 2) && n > math.MaxInt64 {
+			return valueMeta{}, errBadValue
+		}
+		f[i], rest = n, rest[j+1:]
 	}
-	return valueMeta{ID: id, Start: s, End: e}, nil
+	return valueMeta{ID: f[0], Start: int64(f[1]), End: int64(f[2]), Ver: f[3]}, nil
+}
+
+// parseDigits parses a non-empty decimal uint64.
+func parseDigits(b []byte) (uint64, bool) {
+	if len(b) == 0 || len(b) > 20 {
+		return 0, false
+	}
+	var n uint64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		d := uint64(c - '0')
+		if n > (math.MaxUint64-d)/10 {
+			return 0, false
+		}
+		n = n*10 + d
+	}
+	return n, true
 }

@@ -17,7 +17,7 @@ const (
 )
 
 type command struct {
-	Op string `json:"op"` // setup, wave, load, teardown
+	Op string `json:"op"` // setup, wave, load, teardown; ack, mark (no reply)
 
 	// setup
 	Phase    string    `json:"phase,omitempty"`
@@ -45,6 +45,15 @@ type command struct {
 	MeasureFrom int64   `json:"measure_from,omitempty"`
 	Bounds      []int64 `json:"bounds,omitempty"`
 	KeyBase     string  `json:"key_base,omitempty"`
+	// Hot makes the load the hotkey scenario's: every caller reads Key.
+	Hot bool `json:"hot,omitempty"`
+
+	// ack: the hotkey writer's write of Version returned at At (unix ns);
+	// mark: every write that returned before At was announced. The worker
+	// handles both as they arrive, even during a load, and answers
+	// neither.
+	Version uint64 `json:"version,omitempty"`
+	At      int64  `json:"at,omitempty"`
 }
 
 type reply struct {
@@ -71,6 +80,7 @@ type sampleSet struct {
 	LateMax   int64          `json:"late_max"`           // ns the barrier was released late, at most
 	Hiccup    int64          `json:"hiccup"`             // ns, the longest pause of the worker process
 	Seg       []segment      `json:"seg,omitempty"`
+	Hot       *hotSamples    `json:"hot,omitempty"` // the hotkey scenario
 }
 
 type segment struct {
@@ -115,5 +125,11 @@ func (s *sampleSet) merge(o *sampleSet) {
 		s.Seg[i].Calls += g.Calls
 		s.Seg[i].Errors += g.Errors
 		s.Seg[i].Stale += g.Stale
+	}
+	if o.Hot != nil {
+		if s.Hot == nil {
+			s.Hot = &hotSamples{}
+		}
+		s.Hot.merge(o.Hot)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -74,6 +76,8 @@ func tableRow(pr *phaseResult) []string {
 			return fmt.Sprintf("%.0f", x)
 		case x >= 10:
 			return fmt.Sprintf("%.1f", x)
+		case x > 0 && x < 0.01:
+			return fmt.Sprintf("%.4f", x) // a near hit is under a microsecond
 		}
 		return fmt.Sprintf("%.2f", x)
 	}
@@ -96,21 +100,108 @@ func tableRow(pr *phaseResult) []string {
 	}
 }
 
-// writeTable prints the aligned table, one row per strategy per scenario.
+// hotHeader and hotRow are the columns of the hotkey scenario's table.
+var hotHeader = []string{
+	"scenario", "strategy", "reads", "reads/s", "hit p50 µs", "hit p99 µs", "from memory",
+	"redis cmd/read", "server cmd/read", "writes", "stale reads", "stale p99 ms", "stale max ms", "errors", "notes",
+}
+
+func hotRow(pr *phaseResult) []string {
+	h := pr.Hot
+	if h == nil {
+		h = &hotResult{SrvCmdsPerRead: -1}
+	}
+	f := func(x float64) string {
+		switch {
+		case x >= 100:
+			return fmt.Sprintf("%.0f", x)
+		case x >= 10:
+			return fmt.Sprintf("%.1f", x)
+		}
+		return fmt.Sprintf("%.2f", x)
+	}
+	// Commands per read go down to a few per ten thousand reads.
+	perRead := func(x float64) string {
+		if x < 0 {
+			return "-"
+		}
+		if x < 0.01 && x > 0 {
+			return fmt.Sprintf("%.5f", x)
+		}
+		return fmt.Sprintf("%.3f", x)
+	}
+	stale := fmt.Sprint(h.StaleReads)
+	if h.Judged > 0 && h.StaleReads > 0 {
+		stale = fmt.Sprintf("%d (%.3f%%)", h.StaleReads, 100*float64(h.StaleReads)/float64(h.Judged))
+	}
+	dash := func(x float64) string {
+		if h.StaleReads == 0 {
+			return "-"
+		}
+		return f(x)
+	}
+	return []string{
+		pr.Scenario, pr.Strategy, fmt.Sprint(h.Reads), fmt.Sprintf("%.0f", h.ReadsPerSec),
+		f(h.HitP50Us), f(h.HitP99Us), fmt.Sprintf("%.1f%%", 100*h.FromMemory),
+		perRead(h.CmdsPerRead), perRead(h.SrvCmdsPerRead), fmt.Sprint(h.Writes),
+		stale, dash(h.StaleP99Ms), dash(h.StaleMaxMs), fmt.Sprint(pr.Errors), pr.Notes,
+	}
+}
+
+// tables splits the phases into the results table's rows and the hotkey
+// table's.
+func tables(res *results) (main, hot [][]string) {
+	for _, pr := range res.Phases {
+		if pr.Scenario == scHot {
+			hot = append(hot, hotRow(pr))
+		} else {
+			main = append(main, tableRow(pr))
+		}
+	}
+	return main, hot
+}
+
+// writeTable prints the aligned tables: one row per strategy per
+// scenario, the hotkey scenario in a table of its own.
 func writeTable(w io.Writer, res *results) error {
 	fmt.Fprintf(w, "herd stampede benchmark: %d processes × %d callers, origin latency %s, %s\n",
 		res.Settings.Procs, res.Settings.Callers, res.Settings.OriginLatency, res.Redis)
-	rows := [][]string{tableHeader}
-	for _, pr := range res.Phases {
-		rows = append(rows, tableRow(pr))
+	main, hot := tables(res)
+	var b strings.Builder
+	if len(main) > 0 {
+		alignTable(&b, tableHeader, main)
 	}
-	width := make([]int, len(tableHeader))
+	if len(hot) > 0 {
+		if len(main) > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "hotkey: one key read by every caller, %s written by the parent (%.0fs measured):\n",
+			rateString(res.Settings.WriteRate), res.Settings.HotDurationS)
+		alignTable(&b, hotHeader, hot)
+	}
+	b.WriteString(legend(res) + "\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// rateString is how the reports name the write rate.
+func rateString(r float64) string {
+	if r == 0 {
+		return "never"
+	}
+	return strconv.FormatFloat(r, 'f', -1, 64) + " versions/s"
+}
+
+// alignTable writes header and rows with aligned columns, a blank line
+// between scenarios.
+func alignTable(b *strings.Builder, header []string, body [][]string) {
+	rows := append([][]string{header}, body...)
+	width := make([]int, len(header))
 	for _, r := range rows {
 		for i, c := range r {
 			width[i] = max(width[i], utf8.RuneCountInString(c))
 		}
 	}
-	var b strings.Builder
 	for n, r := range rows {
 		if n > 1 && r[0] != rows[n-1][0] {
 			b.WriteString("\n")
@@ -128,16 +219,28 @@ func writeTable(w io.Writer, res *results) error {
 		}
 		b.WriteString("\n")
 	}
-	b.WriteString(legend(res) + "\n")
-	_, err := io.WriteString(w, b.String())
-	return err
 }
 
 func legend(res *results) string {
+	var lines []string
+	if slices.ContainsFunc(res.Settings.Scenarios, func(sc string) bool { return sc != scHot }) {
+		lines = append(lines, "calls/rebuild: origin calls per cold wave (cold, stall) or per rebuild episode of a key (steady, failure);"+
+			" latencies are per request; follower +: latency beyond the origin call the request waited for;"+
+			" redis cmd/req: commands sent (go-redis hook, pub/sub frames excluded); server cmd/req: commands the server processed.")
+	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "calls/rebuild: origin calls per cold wave (cold, stall) or per rebuild episode of a key (steady, failure);")
-	fmt.Fprintf(&b, " latencies are per request; follower +: latency beyond the origin call the request waited for;")
-	fmt.Fprintf(&b, " redis cmd/req: commands sent (go-redis hook, pub/sub frames excluded); server cmd/req: commands the server processed.")
+	b.WriteString(strings.Join(lines, ""))
+	if slices.Contains(res.Settings.Scenarios, scHot) {
+		if len(lines) > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "hotkey (over the measured window): hit: a read that waited for no origin call;"+
+			" from memory: reads answered from process memory (a near cache's hits; a strategy without one shows 0%%);"+
+			" redis cmd/read: commands the workers' clients sent per read (go-redis hook); server cmd/read: commands the server processed per read, the writer's and pub/sub's included;"+
+			" writes: acknowledged writes of a new version (herd: Cache.Set; the others: their SET);"+
+			" stale: a read that began after the write of a newer version than the one it got had returned, by the time between the two"+
+			" (judged against the writer's acknowledgements; processes share the host clock); stale p99 and max: among the stale reads.")
+	}
 	fmt.Fprintf(&b, "\nherd-poll: herd with pub/sub unavailable to it (SUBSCRIBE fails), PollMin = PollMax = %v. Total %.0fs.", herdPollEvery, res.Elapsed)
 	if res.RedisSrc == redisEmbedded {
 		fmt.Fprintf(&b, "\nEmbedded Redis: miniredis runs each Lua script (herd's and redislock's) in an interpreter under its one global lock,"+
@@ -162,13 +265,26 @@ func writeMarkdown(path string, res *results) error {
 	fmt.Fprintf(&b, "%s; %d processes × %d callers; origin latency %s; %s; run %s, %.0f s.\n\n",
 		res.Redis, res.Settings.Procs, res.Settings.Callers, res.Settings.OriginLatency, res.Host,
 		res.Started.UTC().Format("2006-01-02 15:04 UTC"), res.Elapsed)
-	fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(tableHeader, " | "), strings.Repeat("---|", len(tableHeader)))
-	for _, pr := range res.Phases {
-		row := tableRow(pr)
-		for i := range row {
-			row[i] = strings.ReplaceAll(row[i], "|", "\\|")
+	main, hot := tables(res)
+	mdTable := func(header []string, rows [][]string) {
+		fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
+		for _, row := range rows {
+			for i := range row {
+				row[i] = strings.ReplaceAll(row[i], "|", "\\|")
+			}
+			fmt.Fprintf(&b, "| %s |\n", strings.Join(row, " | "))
 		}
-		fmt.Fprintf(&b, "| %s |\n", strings.Join(row, " | "))
+	}
+	if len(main) > 0 {
+		mdTable(tableHeader, main)
+	}
+	if len(hot) > 0 {
+		if len(main) > 0 {
+			b.WriteString("\n")
+		}
+		fmt.Fprintf(&b, "hotkey: one key read by every caller, %s written by the parent (%.0f s measured):\n\n",
+			rateString(res.Settings.WriteRate), res.Settings.HotDurationS)
+		mdTable(hotHeader, hot)
 	}
 	fmt.Fprintf(&b, "\n%s\n", legend(res))
 	return os.WriteFile(path, b.Bytes(), 0o644)

@@ -21,6 +21,10 @@ type loadFunc = func(ctx context.Context) ([]byte, error)
 // strategy is one way of reading a cached key and rebuilding it on a miss.
 type strategy interface {
 	Get(ctx context.Context, key string, load loadFunc) ([]byte, error)
+	// Set writes a new value of key, the way a user of the strategy
+	// updates the cache after writing to the database (the hotkey
+	// scenario's writer).
+	Set(ctx context.Context, key string, val []byte) error
 	Close() error
 	// HerdStats returns herd's counters, or nil for the other strategies.
 	HerdStats() *herd.Stats
@@ -52,6 +56,9 @@ func newStrategy(p strategyParams, rdb redis.UniversalClient) (strategy, error) 
 		return &herdCache{c: herd.New(rdb, &herd.Options{Prefix: p.Prefix}), ttl: p.TTL}, nil
 	case stHerdSWR:
 		return &herdCache{c: herd.New(rdb, &herd.Options{Prefix: p.Prefix, StaleFor: p.StaleFor}), ttl: p.TTL}, nil
+	case stHerdNear:
+		opt := &herd.Options{Prefix: p.Prefix, Near: herd.NearOptions{MaxEntries: nearEntries}}
+		return &herdCache{c: herd.New(rdb, opt), ttl: p.TTL}, nil
 	}
 	return nil, fmt.Errorf("unknown strategy %q", p.Name)
 }
@@ -101,6 +108,11 @@ func (p *plain) getOrLoad(ctx context.Context, k string, load loadFunc) ([]byte,
 	return b, nil
 }
 
+// Set is the write-through of a cache-aside: SET with the TTL.
+func (p *plain) Set(ctx context.Context, key string, val []byte) error {
+	return p.rdb.Set(ctx, p.prefix+":"+key, val, p.ttl).Err()
+}
+
 func (p *plain) Close() error           { return nil }
 func (p *plain) HerdStats() *herd.Stats { return nil }
 
@@ -123,6 +135,11 @@ func (g *goCache) Get(ctx context.Context, key string, load loadFunc) ([]byte, e
 		Do:    func(*gocache.Item) (any, error) { return load(ctx) },
 	})
 	return out, err
+}
+
+// Set is go-redis/cache's Cache.Set (its SET with the TTL).
+func (g *goCache) Set(ctx context.Context, key string, val []byte) error {
+	return g.c.Set(&gocache.Item{Ctx: ctx, Key: g.prefix + ":" + key, Value: val, TTL: g.ttl})
 }
 
 func (g *goCache) Close() error           { return nil }
@@ -184,6 +201,11 @@ func (l *lockPoller) lead(ctx context.Context, k string, lock *redislock.Lock, l
 	return b, nil
 }
 
+// Set is a plain SET with the TTL: the lock guards rebuilds, not writes.
+func (l *lockPoller) Set(ctx context.Context, key string, val []byte) error {
+	return l.rdb.Set(ctx, l.prefix+":"+key, val, l.ttl).Err()
+}
+
 func (l *lockPoller) Close() error           { return nil }
 func (l *lockPoller) HerdStats() *herd.Stats { return nil }
 
@@ -196,6 +218,12 @@ type herdCache struct {
 
 func (h *herdCache) Get(ctx context.Context, key string, load loadFunc) ([]byte, error) {
 	return h.c.Get(ctx, key, h.ttl, load)
+}
+
+// Set is herd's Cache.Set: it advances the key's fence, so no rebuild that
+// started before it lands after it.
+func (h *herdCache) Set(ctx context.Context, key string, val []byte) error {
+	return h.c.Set(ctx, key, val, h.ttl)
 }
 
 func (h *herdCache) Close() error {

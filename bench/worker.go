@@ -49,6 +49,18 @@ func workerMain(in io.Reader, out io.Writer) int {
 			if err := dec.Decode(&cmd); err != nil {
 				os.Exit(0)
 			}
+			switch cmd.Op {
+			case "ack":
+				w.acks.ack(cmd.Version, cmd.At)
+				continue
+			case "mark":
+				w.acks.watermark(cmd.At)
+				continue
+			case "load":
+				// Before the load starts, and before the writer's first
+				// acknowledgement, which comes after it on stdin.
+				w.acks.reset()
+			}
 			cmds <- cmd
 		}
 	}()
@@ -66,6 +78,7 @@ func workerMain(in io.Reader, out io.Writer) int {
 type worker struct {
 	idx, pid int
 	hic      *hiccups
+	acks     ackStore // the hotkey writer's acknowledgements
 
 	// The current phase.
 	strategy string
@@ -90,7 +103,11 @@ func (w *worker) handle(cmd command) reply {
 	case "wave":
 		r.Op, r.Samples = "samples", w.wave(cmd)
 	case "load":
-		r.Op, r.Samples = "samples", w.load(cmd)
+		if cmd.Hot {
+			r.Op, r.Samples = "samples", w.hotLoad(cmd)
+		} else {
+			r.Op, r.Samples = "samples", w.load(cmd)
+		}
 	case "teardown":
 		r.Op, r.Stats = "stats", w.teardown()
 	default:
@@ -213,6 +230,7 @@ type callResult struct {
 	lat     time.Duration
 	class   int
 	added   time.Duration // followers only
+	ver     uint64        // the version of the data it got
 	outcome herd.Outcome
 	err     error
 }
@@ -223,7 +241,8 @@ type callResult struct {
 // rebuild: a follower, whose added latency is its latency minus the part
 // of that origin call it was waiting through (for a cold wave, where all
 // start together: latency minus the origin latency). Anything else was
-// built before the call started: a hit (or herd's stale value).
+// built before the call started: a hit (or herd's stale value), as is a
+// value the hotkey writer wrote (no origin call to wait for).
 func (w *worker) call(key string) callResult {
 	ctx, cancel := context.WithTimeout(context.Background(), w.timeout)
 	defer cancel()
@@ -250,7 +269,10 @@ func (w *worker) call(key string) callResult {
 		r.err = err
 		return r
 	}
+	r.ver = m.Ver
 	switch {
+	case m.ID == 0:
+		r.class = classHit // written by the hotkey writer, before or during the call
 	case m.ID == mine.Load():
 		r.class = classOrigin
 	case m.End >= t0.UnixNano():
