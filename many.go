@@ -40,9 +40,9 @@ const manyChunk = 1000
 // too). A key the map lacks has no value: like [ErrNotFound] from a
 // [LoadFunc], it is remembered for [Options.NegativeTTL]. To fail some
 // keys but not the others, return the others' values with a [*ManyError]
-// (possibly wrapped) that holds an error for each key that failed; any
-// other error fails every key of the call. Values of keys that were not
-// asked for are ignored.
+// (possibly wrapped) that holds an error for each key that failed (a nil
+// *ManyError fails none); any other error fails every key of the call.
+// Values of keys that were not asked for are ignored.
 //
 // Its context belongs to no caller, as a LoadFunc's does: it ends after
 // [Options.LoadTimeout] or on [Cache.Close]. [SetExpiry] and [SetTags]
@@ -63,6 +63,7 @@ type ManyError struct {
 }
 
 // Error lists the failed keys (sorted, the first three) with their errors.
+// A nil *ManyError has none.
 func (e *ManyError) Error() string {
 	keys := e.keys()
 	var b strings.Builder
@@ -96,6 +97,9 @@ func (e *ManyError) Unwrap() []error {
 }
 
 func (e *ManyError) keys() []string {
+	if e == nil {
+		return nil
+	}
 	keys := make([]string, 0, len(e.Errs))
 	for k, err := range e.Errs {
 		if err != nil {
@@ -242,6 +246,7 @@ type manyCall struct {
 
 // manyKey is one key of a GetMany.
 type manyKey struct {
+	idx    int // its place among the caller's distinct keys
 	key    string
 	vkey   string    // its value's Redis name
 	keys   keyFamily // its Redis names, once it needs a flight (see family)
@@ -266,7 +271,7 @@ func (m *manyCall) prepare(keys []string) {
 			continue
 		}
 		mk := &all[len(m.todo)]
-		*mk = manyKey{key: k, vkey: vkey, writes: m.c.writesOf(k)}
+		*mk = manyKey{idx: len(m.todo), key: k, vkey: vkey, writes: m.c.writesOf(k)}
 		m.todo = append(m.todo, mk)
 	}
 }
@@ -315,15 +320,25 @@ func (load ManyLoadFunc) one(key string) LoadFunc {
 	}
 }
 
-// pick returns key's answer in what a ManyLoadFunc returned.
-func pick(vals map[string][]byte, err error, key string) ([]byte, error) {
+// pick returns key's answer in what a ManyLoadFunc returned. A nil
+// *ManyError (a typed nil in a non-nil error, as a loader that returns
+// its *ManyError variable unset gives) fails no key. A panic in the
+// error's own methods (errors.As calls its As and Unwrap) is that key's
+// error, a *PanicError, as the loader's own panic would be: its lease is
+// released with it like any failed key's.
+func pick(vals map[string][]byte, err error, key string) (val []byte, kerr error) {
 	if err != nil {
+		defer func() {
+			if r := recover(); r != nil {
+				val, kerr = nil, &PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
 		var me *ManyError
 		if !errors.As(err, &me) {
 			return nil, err
 		}
-		if kerr := me.Errs[key]; kerr != nil {
-			return nil, kerr
+		if me != nil && me.Errs[key] != nil {
+			return nil, me.Errs[key]
 		}
 	}
 	if v, ok := vals[key]; ok {
@@ -404,7 +419,13 @@ func (m *manyCall) read(ctx context.Context) {
 	m.todo = todo
 }
 
-// readVerdict reports the replies of a read to the breaker.
+// readVerdict reports the replies of a read to the breaker. A read that
+// any master answered is an answer, as a probe's is: on a Cluster with one
+// master down every batch that spans the masters has replies of both
+// kinds, and counting it as a failure would open the breaker for the keys
+// of the live masters too, and keep it open, since every probe batch
+// would fail again. The keys whose reply was an infrastructure error go
+// without Redis all the same (see read).
 func (c *Cache) readVerdict(replies []readReply) {
 	var infra error
 	answered := false
@@ -417,10 +438,10 @@ func (c *Cache) readVerdict(replies []readReply) {
 		}
 	}
 	switch {
-	case infra != nil:
-		c.redisFailed(infra)
 	case answered:
 		c.redisAnswered()
+	case infra != nil:
+		c.redisFailed(infra)
 	default:
 		c.brk.probeDone() // Close, not Redis: no verdict
 	}
@@ -472,6 +493,9 @@ func (m *manyCall) fly(ctx context.Context) {
 			}
 			m.answer(kr.k.key, val, kr.r.Err)
 		}
+		// The next round's keys in the caller's order, not in the order
+		// their flights ended: the loader gets them so.
+		slices.SortFunc(again, func(a, b *manyKey) int { return a.idx - b.idx })
 		m.todo = again
 	}
 }
@@ -793,18 +817,24 @@ func (b *commitBatch) skip() {
 
 func (b *commitBatch) flush() {
 	if len(b.calls) > 0 {
-		b.c.locker.cfg.repl.runBatch(b.c.ctx, b.c.rdb, commitScript, b.calls)
+		b.c.locker.cfg.repl.runBatch(context.WithoutCancel(b.c.ctx), b.c.rdb, commitScript, b.calls)
 	}
 	close(b.done)
 }
 
 // runCommit runs a COMMIT of f's key: in f's commit batch if it has one.
+// The COMMIT is sent even once Close has begun (the context is detached
+// from c.ctx; the client's timeouts bound it, as they bound every command
+// Close waits for): a load that ended is stored and its lease released,
+// instead of the lease being left to block the key for other processes
+// until it expires. In a batch the COMMIT waits for the other keys, so
+// the window between the load's end and the COMMIT is not small.
 func (c *Cache) runCommit(f *flight, keys []string, args ...any) (*redis.Cmd, error) {
 	if b := f.commits; b != nil {
 		f.commits = nil
 		return b.run(f.keys.fence, keys, args)
 	}
-	return c.locker.cfg.repl.run(c.ctx, c.rdb, f.keys.fence, commitScript, keys, args...)
+	return c.locker.cfg.repl.run(context.WithoutCancel(c.ctx), c.rdb, f.keys.fence, commitScript, keys, args...)
 }
 
 // skipCommit tells f's commit batch, if it still has one, that f commits
