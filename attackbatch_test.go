@@ -355,3 +355,463 @@ func TestAttackGetManyMasterDownKeepsLiveHits(t *testing.T) {
 // Ensure fmt and atomic stay used while tests are added.
 var _ = fmt.Sprint
 var _ atomic.Int64
+
+// ---------------------------------------------------------------------------
+// Across OS processes (the worker rig of cache_process_test.go).
+
+func init() {
+	workerRoles["atkmixed"] = atkMixedWorker
+	workerRoles["atkmanyleader"] = atkManyLeaderWorker
+	workerRoles["atkmanyfollower"] = atkManyFollowerWorker
+	workerRoles["atksoft"] = atkSoftWorker
+}
+
+// atkMixedKeys, atkMixedWindow: 24 keys; caller i of process p asks for
+// the 8 consecutive keys from (7p + 5i) mod 24.
+const atkMixedKeys, atkMixedWindow = 24, 8
+
+func atkMixedBatch(prefix string, inst, i int) []string {
+	keys := make([]string, atkMixedWindow)
+	for j := range keys {
+		keys[j] = cpKey(prefix, "user", fmt.Sprint((7*inst+5*i+j)%atkMixedKeys))
+	}
+	return keys
+}
+
+// GetMany's doc: a missing key shares the flight of a concurrent Get or
+// GetMany of it in this process, and across processes each key has its
+// own lease. 3 OS processes × 8 callers at a barrier, on cold keys: even
+// callers ask GetMany for their window, odd callers Get each key of their
+// window at once (one goroutine per key). Every loader, batch or single,
+// returns only once every caller of every process has begun, so no call
+// can come after a key's flight ended. Exactly one load per key in the
+// whole cluster, every caller gets every key, all agree on each value.
+func TestAttackGetManyWithGetsAcrossProcesses(t *testing.T) {
+	const procs, g = 3, 8
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	prefix := cpNewPrefix()
+	p := startWorkers(t, procs, "atkmixed", cpEnvFor("redis", []string{srv.Addr()}, prefix, "", procs, g, 1)...)
+	p.wait(90 * time.Second)
+	if t.Failed() {
+		t.FailNow()
+	}
+	loads, err := rdb.HGetAll(ctx, cpKey(prefix, "loads")).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	asked := map[string]bool{}
+	for inst := range procs {
+		for i := range g {
+			for _, k := range atkMixedBatch(prefix, inst, i) {
+				asked[k] = true
+			}
+		}
+	}
+	for k := range asked {
+		if loads[k] != "1" {
+			t.Errorf("key %s: loaded %q times, want exactly 1", k, loads[k])
+		}
+		if vals, _ := rdb.SMembers(ctx, cpKey(prefix, "values", k)).Result(); len(vals) != 1 {
+			t.Errorf("key %s: callers got %d distinct values %q, want 1", k, len(vals), vals)
+		}
+	}
+	if served, _ := rdb.Get(ctx, cpKey(prefix, "served")).Int(); served != procs*g {
+		t.Errorf("%d callers served, want %d", served, procs*g)
+	}
+	kinds, _ := rdb.HGetAll(ctx, cpKey(prefix, "by")).Result()
+	t.Logf("loads by kind of loader: %v", kinds)
+	for _, r := range cpReports(t, rdb, prefix, procs) {
+		t.Logf("process %d (pid %d): %s", r.Inst, r.Pid, cpStatsLine(r.Stats))
+		if r.Stats.LocalLoads != 0 || r.Stats.Fenced != 0 || r.Stats.WaitTimeouts != 0 {
+			t.Errorf("process %d: localLoads=%d fenced=%d waitTimeouts=%d, want 0", r.Inst, r.Stats.LocalLoads, r.Stats.Fenced, r.Stats.WaitTimeouts)
+		}
+	}
+}
+
+// atkMixedWorker is one process of TestAttackGetManyWithGetsAcrossProcesses.
+func atkMixedWorker(ctx context.Context, _ string) error {
+	w, err := cpNewWorker()
+	if err != nil {
+		return err
+	}
+	defer w.rdb.Close()
+	const lease = 3 * time.Second
+	c := New(w.rdb, atkLeaseOpts(lease))
+	defer c.Close()
+	const wave = "m"
+	count := func(ctx context.Context, kind string, keys ...string) error {
+		pipe := w.rdb.Pipeline()
+		for _, k := range keys {
+			pipe.HIncrBy(ctx, w.key("loads"), k, 1)
+		}
+		pipe.HIncrBy(ctx, w.key("by"), kind, int64(len(keys)))
+		if _, err := pipe.Exec(ctx); err != nil {
+			return err
+		}
+		return w.waitEntered(ctx, wave)
+	}
+	value := func(k string) []byte { return fmt.Appendf(nil, "%s@pid-%d", k, w.pid) }
+	many := func(ctx context.Context, keys []string) (map[string][]byte, error) {
+		if err := count(ctx, "batch", keys...); err != nil {
+			return nil, err
+		}
+		out := make(map[string][]byte, len(keys))
+		for _, k := range keys {
+			out[k] = value(k)
+		}
+		return out, nil
+	}
+	one := func(k string) LoadFunc {
+		return func(ctx context.Context) ([]byte, error) {
+			if err := count(ctx, "single", k); err != nil {
+				return nil, err
+			}
+			return value(k), nil
+		}
+	}
+	err = w.runWave(ctx, wave, func(i int) {
+		keys := atkMixedBatch(w.prefix, w.inst, i)
+		if err := w.enter(ctx, wave, i); err != nil {
+			w.fail("%v", err)
+			return
+		}
+		gctx, cancel := context.WithTimeout(ctx, cpGetTimeout)
+		defer cancel()
+		vals := make(map[string][]byte, len(keys))
+		if i%2 == 0 {
+			vs, err := c.GetMany(gctx, keys, cpValueTTL, many)
+			if err != nil {
+				w.fail("caller %d: GetMany: %v", i, err)
+				return
+			}
+			vals = vs
+		} else {
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for _, k := range keys {
+				wg.Go(func() {
+					v, err := c.Get(gctx, k, cpValueTTL, one(k))
+					if err != nil {
+						w.fail("caller %d: Get %s: %v", i, k, err)
+						return
+					}
+					mu.Lock()
+					vals[k] = v
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+		}
+		pipe := w.rdb.Pipeline()
+		for _, k := range keys {
+			v, ok := vals[k]
+			if !ok || !strings.HasPrefix(string(v), k+"@") {
+				w.fail("caller %d: key %s = (%q, %v)", i, k, v, ok)
+				continue
+			}
+			pipe.SAdd(ctx, w.key("values", k), v)
+		}
+		pipe.Incr(ctx, w.key("served"))
+		if _, err := pipe.Exec(ctx); err != nil {
+			w.fail("%v", err)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.report(ctx, &cpReport{Inst: w.inst, Pid: w.pid, Stats: c.Stats()}); err != nil {
+		return err
+	}
+	return w.err()
+}
+
+// atkKilledLease is the lease of TestAttackGetManyLeaderKilled.
+const atkKilledLease = time.Second
+
+// GetMany's doc: "A key that this process takes over later (its leader
+// died or gave up) ... is loaded alone: load is called with that one
+// key." A leader process leads a batch of 4 cold keys and is SIGKILLed
+// while its loader runs; another process, whose GetMany of the same keys
+// follows all 4, takes each over once its lease lapses: 4 loader calls of
+// one key each, every key served with the taker's value, within a few
+// leases, and nothing is left of the dead leader's leases.
+func TestAttackGetManyLeaderKilled(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	prefix := cpNewPrefix()
+	env := cpEnvFor("redis", []string{srv.Addr()}, prefix, "", 2, 1, 1)
+	leader := startWorkers(t, 1, "atkmanyleader", env...)
+	waitFor(t, 30*time.Second, "the leader's loader to begin", func() bool {
+		return rdb.Exists(ctx, cpKey(prefix, "leader-began")).Val() == 1
+	})
+	follower := startWorkers(t, 1, "atkmanyfollower", env...)
+	keys := make([]string, 4)
+	for i := range keys {
+		keys[i] = cpKey(prefix, "user", fmt.Sprint(i))
+	}
+	// The follower has subscribed to every key's channel: it follows.
+	waitFor(t, 30*time.Second, "the follower to follow every key", func() bool {
+		for _, k := range keys {
+			kk, _ := makeKeys(DefaultPrefix, k)
+			m, err := rdb.PubSubNumSub(ctx, kk.channel).Result()
+			if err != nil || m[kk.channel] < 1 {
+				return false
+			}
+		}
+		return true
+	})
+	if err := leader.cmds[0].Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	follower.wait(60 * time.Second)
+	if t.Failed() {
+		t.FailNow()
+	}
+	calls, _ := rdb.LRange(ctx, cpKey(prefix, "calls"), 0, -1).Result()
+	var mine []string
+	for _, c := range calls {
+		if who, ks, _ := strings.Cut(c, "|"); who == "follower" {
+			mine = append(mine, ks)
+			if strings.Contains(ks, ",") {
+				t.Errorf("the follower's loader was called with %q, want one key per call", ks)
+			}
+		}
+	}
+	slices.Sort(mine)
+	if !slices.Equal(mine, keys) {
+		t.Errorf("the follower's loader calls %q, want one for each of %q", mine, keys)
+	}
+	took, _ := time.ParseDuration(rdb.Get(ctx, cpKey(prefix, "took")).Val())
+	t.Logf("follower served %v after the kill (GetMany took %v); calls %q", time.Since(killed).Round(time.Millisecond), took, calls)
+	if took > 10*atkKilledLease {
+		t.Errorf("the follower's GetMany took %v, more than 10 leases", took)
+	}
+	r := cpReports(t, rdb, prefix, 1)[0]
+	t.Logf("follower: %s", cpStatsLine(r.Stats))
+	if r.Stats.Takeovers != 4 || r.Stats.LocalLoads != 0 {
+		t.Errorf("follower: takeovers=%d localLoads=%d, want 4 and 0", r.Stats.Takeovers, r.Stats.LocalLoads)
+	}
+}
+
+func atkKilledKeys(w *cpWorker) []string {
+	keys := make([]string, 4)
+	for i := range keys {
+		keys[i] = w.key("user", fmt.Sprint(i))
+	}
+	return keys
+}
+
+// atkManyLeaderWorker leads the batch and waits in its loader to be killed.
+func atkManyLeaderWorker(ctx context.Context, _ string) error {
+	w, err := cpNewWorker()
+	if err != nil {
+		return err
+	}
+	defer w.rdb.Close()
+	opt := atkLeaseOpts(atkKilledLease)
+	opt.LoadTimeout, opt.MaxHold = time.Minute, time.Minute
+	c := New(w.rdb, opt)
+	defer c.Close()
+	_, err = c.GetMany(ctx, atkKilledKeys(w), cpValueTTL, func(ctx context.Context, keys []string) (map[string][]byte, error) {
+		if err := w.rdb.RPush(ctx, w.key("calls"), "leader|"+strings.Join(keys, ",")).Err(); err != nil {
+			return nil, err
+		}
+		if err := w.rdb.Set(ctx, w.key("leader-began"), "1", 0).Err(); err != nil {
+			return nil, err
+		}
+		<-ctx.Done() // killed before this
+		return nil, ctx.Err()
+	})
+	return fmt.Errorf("the leader was not killed (GetMany: %v)", err)
+}
+
+// atkManyFollowerWorker follows the dead leader's keys and takes them over.
+func atkManyFollowerWorker(ctx context.Context, _ string) error {
+	w, err := cpNewWorker()
+	if err != nil {
+		return err
+	}
+	defer w.rdb.Close()
+	c := New(w.rdb, atkLeaseOpts(atkKilledLease))
+	defer c.Close()
+	keys := atkKilledKeys(w)
+	gctx, cancel := context.WithTimeout(ctx, cpGetTimeout)
+	defer cancel()
+	start := time.Now()
+	vals, err := c.GetMany(gctx, keys, cpValueTTL, func(ctx context.Context, keys []string) (map[string][]byte, error) {
+		if err := w.rdb.RPush(ctx, w.key("calls"), "follower|"+strings.Join(keys, ",")).Err(); err != nil {
+			return nil, err
+		}
+		out := make(map[string][]byte, len(keys))
+		for _, k := range keys {
+			out[k] = []byte("taken-" + k)
+		}
+		return out, nil
+	})
+	took := time.Since(start)
+	if err != nil {
+		w.fail("GetMany: %v", err)
+	}
+	for _, k := range keys {
+		if string(vals[k]) != "taken-"+k {
+			w.fail("key %s = %q, want the taker's value", k, vals[k])
+		}
+	}
+	if err := w.rdb.Set(ctx, w.key("took"), took.String(), 0).Err(); err != nil {
+		return err
+	}
+	if err := w.report(ctx, &cpReport{Inst: w.inst, Pid: w.pid, Stats: c.Stats()}); err != nil {
+		return err
+	}
+	return w.err()
+}
+
+// InvalidateSoft across OS processes. A value past its ttl (within
+// StaleFor) is being refreshed by process 0, whose loader is held: that
+// rebuild began before the soft invalidation. The parent soft-invalidates
+// the key and lets the old rebuild go: its commit is fenced and the old
+// value stays, stale (the older rebuild cannot end the stale period).
+// Then 3 processes × 8 callers Get the key at once: every one gets the old
+// value at once, as a stale hit, while exactly one refresh in the whole
+// cluster rebuilds it (its loader is held until every caller was served);
+// once it commits every process serves the new value, fresh.
+func TestAttackInvalidateSoftAcrossProcesses(t *testing.T) {
+	const procs, g = 3, 8
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	prefix := cpNewPrefix()
+	key := cpKey(prefix, "user", "soft")
+	pc := newTestCache(t, rdb, &Options{StaleFor: time.Hour})
+	if err := pc.Set(ctx, key, []byte("v1"), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the value to be past its ttl", func() bool {
+		var o Outcome
+		_, _, _ = pc.Peek(WithOutcome(ctx, &o), key)
+		return o == OutcomeStale
+	})
+	p := startWorkers(t, procs, "atksoft", cpEnvFor("redis", []string{srv.Addr()}, prefix, "", procs, g, 1)...)
+	waitFor(t, 30*time.Second, "process 0's refresh to begin", func() bool {
+		return rdb.Exists(ctx, cpKey(prefix, "old-began")).Val() == 1
+	})
+	if err := pc.InvalidateSoft(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	rdb.Set(ctx, cpKey(prefix, "release-old"), "1", 0)
+	waitFor(t, 30*time.Second, "process 0's older rebuild to be fenced", func() bool {
+		return rdb.Exists(ctx, cpKey(prefix, "old-fenced")).Val() == 1
+	})
+	var o Outcome
+	if v, found, err := pc.Peek(WithOutcome(ctx, &o), key); err != nil || !found || string(v) != "v1" || o != OutcomeStale {
+		t.Fatalf("after the older rebuild's commit: Peek = (%q, %v, %v), outcome %v; want v1, stale", v, found, err, o)
+	}
+	rdb.Set(ctx, cpKey(prefix, "soft-done"), "1", 0)
+	waitFor(t, 60*time.Second, "every caller to be served", func() bool {
+		n, _ := rdb.Get(ctx, cpKey(prefix, "served")).Int()
+		return n == procs*g
+	})
+	if n, _ := rdb.Get(ctx, cpKey(prefix, "loads")).Int(); n != 1 {
+		t.Errorf("%d rebuilds while every process served the old value, want 1", n)
+	}
+	rdb.Set(ctx, cpKey(prefix, "release-new"), "1", 0)
+	p.wait(60 * time.Second)
+	if t.Failed() {
+		t.FailNow()
+	}
+	if n, _ := rdb.Get(ctx, cpKey(prefix, "loads")).Int(); n != 1 {
+		t.Errorf("%d rebuilds after the soft invalidation, want 1", n)
+	}
+	var refreshes, fenced uint64
+	for _, r := range cpReports(t, rdb, prefix, procs) {
+		t.Logf("process %d (pid %d): refreshes=%d staleServed=%d %s", r.Inst, r.Pid, r.Stats.Refreshes, r.Stats.StaleServed, cpStatsLine(r.Stats))
+		refreshes += r.Stats.Refreshes
+		fenced += r.Stats.Fenced
+	}
+	if refreshes != 2 || fenced != 1 {
+		t.Errorf("refreshes=%d fenced=%d across the processes, want 2 (the older one and one after the invalidation) and 1", refreshes, fenced)
+	}
+	if v, found, err := pc.Peek(WithOutcome(ctx, &o), key); err != nil || !found || string(v) != "v2" || o != OutcomeHit {
+		t.Errorf("at the end: Peek = (%q, %v, %v), outcome %v; want v2, fresh", v, found, err, o)
+	}
+}
+
+// atkSoftWorker is one process of TestAttackInvalidateSoftAcrossProcesses.
+func atkSoftWorker(ctx context.Context, _ string) error {
+	w, err := cpNewWorker()
+	if err != nil {
+		return err
+	}
+	defer w.rdb.Close()
+	c := New(w.rdb, &Options{StaleFor: time.Hour})
+	defer c.Close()
+	key := w.key("user", "soft")
+	await := func(name string) error {
+		for deadline := time.Now().Add(cpBarrierTimeout); w.rdb.Exists(ctx, w.key(name)).Val() == 0; time.Sleep(2 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s not set within %v", name, cpBarrierTimeout)
+			}
+		}
+		return nil
+	}
+	if w.inst == 0 {
+		old := func(ctx context.Context) ([]byte, error) {
+			w.rdb.Set(ctx, w.key("old-began"), "1", 0)
+			if err := await("release-old"); err != nil {
+				return nil, err
+			}
+			return []byte("old-rebuild"), nil
+		}
+		if v, err := c.Get(ctx, key, time.Minute, old); err != nil || string(v) != "v1" {
+			return fmt.Errorf("the stale Get before the invalidation = (%q, %v), want v1", v, err)
+		}
+		for deadline := time.Now().Add(cpBarrierTimeout); c.Stats().Fenced != 1; time.Sleep(2 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("the older rebuild was not fenced: %s", cpStatsLine(c.Stats()))
+			}
+		}
+		w.rdb.Set(ctx, w.key("old-fenced"), "1", 0)
+	}
+	if err := await("soft-done"); err != nil {
+		return err
+	}
+	load := func(ctx context.Context) ([]byte, error) {
+		w.rdb.Incr(ctx, w.key("loads"))
+		if err := await("release-new"); err != nil {
+			return nil, err
+		}
+		return []byte("v2"), nil
+	}
+	err = w.runWave(ctx, "soft", func(i int) {
+		gctx, cancel := context.WithTimeout(ctx, cpGetTimeout)
+		defer cancel()
+		var o Outcome
+		v, err := c.Get(WithOutcome(gctx, &o), key, time.Minute, load)
+		if err != nil || string(v) != "v1" || o != OutcomeStale {
+			w.fail("caller %d: Get = (%q, %v), outcome %v; want v1 at once, stale", i, v, err, o)
+		}
+		w.rdb.Incr(ctx, w.key("served"))
+	})
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(cpBarrierTimeout); ; time.Sleep(5 * time.Millisecond) {
+		var o Outcome
+		v, err := c.Get(WithOutcome(ctx, &o), key, time.Minute, load)
+		if err == nil && string(v) == "v2" && o == OutcomeHit {
+			break
+		}
+		if time.Now().After(deadline) {
+			w.fail("the rebuilt value was not served within %v: last (%q, %v, %v)", cpBarrierTimeout, v, err, o)
+			break
+		}
+	}
+	if err := w.report(ctx, &cpReport{Inst: w.inst, Pid: w.pid, Stats: c.Stats()}); err != nil {
+		return err
+	}
+	return w.err()
+}
