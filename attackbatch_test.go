@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"net"
 	"runtime"
 	"slices"
 	"strings"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdkit/herd/internal/faultproxy"
 	"github.com/herdkit/herd/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -814,4 +817,299 @@ func atkSoftWorker(ctx context.Context, _ string) error {
 		return err
 	}
 	return w.err()
+}
+
+// ---------------------------------------------------------------------------
+// InvalidateSoft, single process.
+
+// dialHook runs before each dial of a client.
+type dialHook func()
+
+func (h dialHook) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		h()
+		return next(ctx, network, addr)
+	}
+}
+func (h dialHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h dialHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// The reply of InvalidateSoft's script is lost after the script ran, and
+// before go-redis resends it another process Sets the key (from the
+// dialler of the connection the retry needs: the retry is after the Set).
+// The retry must recognise its own first run (the write marker) and not
+// rewrite the newer value as stale, nor bring the old one back: the Set's
+// value stays, fresh.
+func TestAttackInvalidateSoftRetryAfterLostReply(t *testing.T) {
+	srv := redistest.Start(t)
+	proxy, err := faultproxy.Start(srv.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	ctx := context.Background()
+	key := testKey(t)
+	other := newTestCache(t, srv.Client(t), nil)
+	var fault atomic.Pointer[faultproxy.Fault]
+	var wrote atomic.Bool
+	hooked := redis.NewClient(&redis.Options{Addr: proxy.Addr(), PoolSize: 1, MaxRetries: 3})
+	defer hooked.Close()
+	hooked.AddHook(dialHook(func() {
+		if f := fault.Load(); f != nil && isClosed(f.Fired()) && wrote.CompareAndSwap(false, true) {
+			if err := other.Set(ctx, key, []byte("newer"), time.Hour); err != nil {
+				t.Error(err)
+			}
+		}
+	}))
+	c := newTestCache(t, hooked, nil)
+	if err := c.Set(ctx, key, []byte("v1"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := softScript.Load(ctx, hooked).Err(); err != nil {
+		t.Fatal(err)
+	}
+	fault.Store(proxy.DropReply([]byte(softScript.Hash())))
+	err = c.InvalidateSoft(ctx, key)
+	if !wrote.Load() {
+		t.Fatalf("the reply was not lost (InvalidateSoft: %v): the test proves nothing", err)
+	}
+	if err != nil {
+		t.Errorf("InvalidateSoft after a lost reply: %v", err)
+	}
+	var o Outcome
+	if v, found, err := other.Peek(WithOutcome(ctx, &o), key); err != nil || !found || string(v) != "newer" || o != OutcomeHit {
+		t.Errorf("after the retried soft invalidation and a newer Set: Peek = (%q, %v, %v), outcome %v; want the Set's value, fresh", v, found, err, o)
+	}
+}
+
+// A soft-invalidated value still carries its tags: InvalidateTag purges
+// it, and a refresh that began before the purge (it began after the soft
+// invalidation, held at a gate) cannot store its value afterwards.
+func TestAttackInvalidateSoftThenTagPurge(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	key := testKey(t)
+	c := newTestCache(t, rdb, &Options{StaleFor: 0})
+	tagged := func(val string, gate chan struct{}, entered chan struct{}) LoadFunc {
+		return func(ctx context.Context) ([]byte, error) {
+			if err := SetTags(ctx, "atk-tag"); err != nil {
+				return nil, err
+			}
+			if entered != nil {
+				close(entered)
+				<-gate
+			}
+			return []byte(val), nil
+		}
+	}
+	if _, err := c.Get(ctx, key, time.Hour, tagged("v1", nil, nil)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.InvalidateSoft(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	gate, entered := make(chan struct{}), make(chan struct{})
+	var o Outcome
+	if v, err := c.Get(WithOutcome(ctx, &o), key, time.Hour, tagged("rebuilt-before-purge", gate, entered)); err != nil || string(v) != "v1" || o != OutcomeStale {
+		t.Fatalf("Get after InvalidateSoft = (%q, %v), outcome %v; want v1, stale", v, err, o)
+	}
+	<-entered
+	if err := c.InvalidateTag(ctx, "atk-tag"); err != nil {
+		t.Fatal(err)
+	}
+	if v, found, err := c.Peek(ctx, key); err != nil || found {
+		t.Errorf("after InvalidateTag: Peek = (%q, %v, %v), want the soft-invalidated value purged", v, found, err)
+	}
+	close(gate)
+	waitFor(t, 10*time.Second, "the refresh to end", func() bool {
+		c.refreshMu.Lock()
+		defer c.refreshMu.Unlock()
+		_, busy := c.refreshing[key]
+		return !busy
+	})
+	if v, found, err := c.Peek(ctx, key); err != nil || found {
+		t.Errorf("after the refresh that began before the purge: Peek = (%q, %v, %v), want nothing stored", v, found, err)
+	}
+	if v, err := c.Get(ctx, key, time.Hour, tagged("v2", nil, nil)); err != nil || string(v) != "v2" {
+		t.Errorf("Get after the purge = (%q, %v), want a fresh load v2", v, err)
+	}
+}
+
+// The compare-and-swap under fire: one Cache Sets v1, v2, ... and after
+// each Set returns Peeks the key, while two goroutines of another
+// soft-invalidate it in a loop. A soft invalidation keeps the payload it
+// finds and never writes one it read before a newer write: after Set(vN)
+// returned, the key holds vN, fresh or stale, never an older payload. It
+// may hold nothing: a soft invalidation that lost four rounds to the
+// other writes invalidates outright, as documented, and it was
+// concurrent with the Set. At the end the stored value's fence is the
+// key's fence.
+func TestAttackInvalidateSoftStress(t *testing.T) {
+	srv := redistest.Start(t)
+	ctx := context.Background()
+	key := testKey(t)
+	setter := newTestCache(t, srv.Client(t), nil)
+	soft := newTestCache(t, srv.Client(t), nil)
+	stop := make(chan struct{})
+	var softs, softErrs atomic.Int64
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := soft.InvalidateSoft(ctx, key); err != nil {
+					softErrs.Add(1)
+					t.Error(err)
+					return
+				}
+				softs.Add(1)
+			}
+		})
+	}
+	var stale, gone int
+	for n := range 300 {
+		want := fmt.Sprintf("v%d", n)
+		if err := setter.Set(ctx, key, []byte(want), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		var o Outcome
+		v, found, err := setter.Peek(WithOutcome(ctx, &o), key)
+		switch {
+		case err != nil || found && string(v) != want:
+			t.Errorf("after Set(%s) returned: Peek = (%q, %v, %v)", want, v, found, err)
+		case !found:
+			gone++
+		case o == OutcomeStale:
+			stale++
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d soft invalidations; of 300 Peeks after a Set, %d saw it soft-invalidated, %d invalidated outright", softs.Load(), stale, gone)
+	if env, ok := peekEnvelope(t, srv.Client(t), key); ok && env.fence != fenceOf(t, srv.Client(t), key) {
+		t.Errorf("stored value has fence %d, the key's fence is %d", env.fence, fenceOf(t, srv.Client(t), key))
+	}
+	if stale == 0 {
+		t.Log("no soft invalidation landed between a Set and its Peek: the race was not exercised this run")
+	}
+}
+
+// ---------------------------------------------------------------------------
+// GetMany against misbehaving loaders.
+
+// A loader that returns keys it was not asked for, a nil value, a value
+// over MaxValueBytes, a *ManyError naming a key it did not lead (and a
+// nil error for a key it did), and omits a key; with an empty key and a
+// duplicate in the call. GetMany: the nil value is an empty value, the
+// large one ErrValueTooLarge, the failed one ErrLoadFailed, the omitted
+// one not found (a negative entry), the empty key ErrInvalidKey, and the
+// ManyError names exactly those three. Redis: nothing stored for the keys
+// not asked for, nor for the failed ones; no lease left; another process
+// sees the empty value and the negative entry, and loads the failed keys
+// again (errors are not cached).
+func TestAttackGetManyLoaderMisbehaves(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	c := newTestCache(t, rdb, &Options{MaxValueBytes: 1024, NegativeTTL: time.Minute})
+	other := newTestCache(t, rdb, nil)
+	k := func(s string) string { return t.Name() + "/" + s }
+	plain, empty, big, failed, absent := k("plain"), k("empty"), k("big"), k("failed"), k("absent")
+	extra, notAsked := k("extra"), k("not-asked")
+	errBoom := errors.New("atk boom")
+	l := newManyLoader()
+	l.answer = func([]string) (map[string][]byte, error) {
+		return map[string][]byte{
+				plain: []byte("v-plain"), empty: nil, big: make([]byte, 2048),
+				failed: []byte("not this"), extra: []byte("extra"),
+			}, fmt.Errorf("wrapped: %w", &ManyError{Errs: map[string]error{
+				failed: errBoom, notAsked: errors.New("not asked"), plain: nil,
+			}})
+	}
+	vals, err := c.GetMany(ctx, []string{plain, empty, "", big, plain, failed, absent}, time.Minute, l.load)
+	var me *ManyError
+	if !errors.As(err, &me) {
+		t.Fatalf("GetMany: %v, want a *ManyError", err)
+	}
+	if got := slices.Sorted(maps.Keys(me.Errs)); !slices.Equal(got, slices.Sorted(slices.Values([]string{"", big, failed}))) {
+		t.Errorf("ManyError keys %q, want the empty key, %q and %q", got, big, failed)
+	}
+	if !errors.Is(me.Errs[""], ErrInvalidKey) || !errors.Is(me.Errs[big], ErrValueTooLarge) ||
+		!errors.Is(me.Errs[failed], ErrLoadFailed) || !errors.Is(me.Errs[failed], errBoom) {
+		t.Errorf("ManyError %v: want ErrInvalidKey, ErrValueTooLarge, ErrLoadFailed wrapping the loader's", me)
+	}
+	if v, ok := vals[empty]; !ok || len(v) != 0 || string(vals[plain]) != "v-plain" || len(vals) != 2 {
+		t.Errorf("values %q, want only plain and the empty value", vals)
+	}
+	if calls := l.got(); len(calls) != 1 || !slices.Equal(calls[0], []string{plain, empty, big, failed, absent}) {
+		t.Errorf("loader calls %q, want one with the valid distinct keys in order", calls)
+	}
+	for _, key := range []string{plain, empty, big, failed, absent} {
+		if atkLeaseHeld(t, rdb, key) {
+			t.Errorf("lease of %q still held", key)
+		}
+	}
+	for _, key := range []string{extra, notAsked, big, failed} {
+		if v, found, err := other.Peek(ctx, key); found || err != nil {
+			t.Errorf("Peek(%q) = (%q, %v, %v), want nothing stored", key, v, found, err)
+		}
+	}
+	if v, found, err := other.Peek(ctx, empty); !found || err != nil || len(v) != 0 {
+		t.Errorf("Peek(empty) = (%q, %v, %v), want the empty value", v, found, err)
+	}
+	if _, found, err := other.Peek(ctx, absent); !found || !errors.Is(err, ErrNotFound) {
+		t.Errorf("Peek(absent) = (%v, %v), want the negative entry", found, err)
+	}
+	var calls atomic.Int64
+	if v, err := other.Get(ctx, failed, time.Minute, constLoader(&calls, "again")); err != nil || string(v) != "again" || calls.Load() != 1 {
+		t.Errorf("another Cache's Get of the failed key = (%q, %v) after %d loads, want a new load", v, err, calls.Load())
+	}
+}
+
+// A batch loader that ignores its context: at LoadTimeout the batch's
+// keys fail with ErrLoadFailed, at once, and their leases are released
+// (with the failure), so another process does not wait them out; its Get
+// loads at once. The abandoned loader's goroutine ends when it returns.
+func TestAttackGetManyLoaderIgnoresCtx(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	opt := atkLeaseOpts(30 * time.Second)
+	opt.LoadTimeout = 300 * time.Millisecond
+	c := newTestCache(t, rdb, opt)
+	other := newTestCache(t, rdb, atkLeaseOpts(30*time.Second))
+	keys := manyKeys(t, 3)
+	stuck := make(chan struct{})
+	returned := make(chan struct{})
+	defer func() { close(stuck); <-returned }()
+	_, err := c.GetMany(ctx, keys, time.Minute, func(context.Context, []string) (map[string][]byte, error) {
+		defer close(returned)
+		<-stuck
+		return nil, nil
+	})
+	var me *ManyError
+	if !errors.As(err, &me) || len(me.Errs) != len(keys) {
+		t.Fatalf("GetMany with a stuck loader: %v, want every key failed", err)
+	}
+	for _, k := range keys {
+		if !errors.Is(me.Errs[k], ErrLoadFailed) {
+			t.Errorf("key %q: %v, want ErrLoadFailed", k, me.Errs[k])
+		}
+		if atkLeaseHeld(t, rdb, k) {
+			t.Errorf("lease of %q still held after the loader was abandoned", k)
+		}
+	}
+	var calls atomic.Int64
+	gctx, cancel := context.WithTimeout(ctx, 10*time.Second) // a 30s lease left held would fail this
+	defer cancel()
+	if v, err := other.Get(gctx, keys[0], time.Minute, constLoader(&calls, "v")); err != nil || string(v) != "v" {
+		t.Errorf("another Cache's Get = (%q, %v), want its own load at once", v, err)
+	}
 }
