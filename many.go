@@ -617,7 +617,14 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 	for i, m := range ms {
 		f := m.f
 		c.stats.misses.Add(1)
-		r, err := c.locker.parseAcquire(c.ctx, f.key, f.keys, ttls[i], owners[i], sent, calls[i])
+		// The lease's validity counts from when its own pipeline was sent
+		// (after a replica count or a NOSCRIPT round trip that runBatch
+		// may have made first), not from before the batch.
+		start := sent
+		if calls[i].sent.After(start) {
+			start = calls[i].sent
+		}
+		r, err := c.locker.parseAcquire(c.ctx, f.key, f.keys, ttls[i], owners[i], start, calls[i])
 		if r.holder != "" {
 			f.awaited = r.holder
 		}
