@@ -129,7 +129,11 @@ func (e *ManyError) keys() []string {
 // later (its leader died or gave up), or that it loads after its wait
 // budget ran out, is loaded alone: load is called with that one key. A
 // call with more than 1000 missing keys to rebuild calls load once per
-// 1000. Refreshes of stale values call load with one key each.
+// 1000. Refreshes of stale values call load with one key each. A lease
+// whose ACQUIRE reply comes back after the lease's validity (a Redis or a
+// client too slow to take a batch's leases within one lease) is given
+// back, and its key is followed and then taken over alone, like a key
+// another process leads: still one load per key, not one call.
 //
 // The result holds the value of each key that has one. A key that was
 // not found (load omitted it or returned [ErrNotFound] for it, now or
