@@ -1386,3 +1386,56 @@ func TestAttackGetManyAcquireWithinLease(t *testing.T) {
 		})
 	}
 }
+
+// acquireFaults fails, after Redis ran them, the first n ACQUIREs of the
+// next pipeline that holds them, as a connection lost on their replies
+// would (and as a master lost between a batch's read and its ACQUIREs).
+type acquireFaults struct{ n atomic.Int64 }
+
+func (h *acquireFaults) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *acquireFaults) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *acquireFaults) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			if a := cmd.Args(); len(a) > 1 && cmd.Name() == "evalsha" && a[1] == acquireScript.Hash() && h.n.Add(-1) >= 0 {
+				cmd.SetErr(errors.New("atk: injected reply loss"))
+			}
+		}
+		return err
+	}
+}
+
+// A batch whose ACQUIREs Redis answered for some keys is an answer to
+// the breaker, as its read is: the keys whose ACQUIRE failed load
+// locally, the others are led, and the breaker does not open. Before the
+// fix every failed ACQUIRE counted as one more consecutive failure: five
+// in one batch opened the breaker (BreakerOpens, the Observer's circuit
+// signal, a warning), and the answered ones closed it again at the end of
+// the same call; calls of other goroutines meanwhile skipped Redis.
+func TestAttackGetManyPartialAcquireFailure(t *testing.T) {
+	srv := redistest.Start(t)
+	h := &acquireFaults{}
+	hooked := srv.Client(t)
+	if err := acquireScript.Load(context.Background(), hooked).Err(); err != nil {
+		t.Fatal(err)
+	}
+	hooked.AddHook(h)
+	c := newTestCache(t, hooked, nil) // BreakerThreshold 5
+	keys := manyKeys(t, 8)
+	h.n.Store(5)
+	l := newManyLoader()
+	l.entered = nil
+	vals, err := c.GetMany(context.Background(), keys, time.Minute, l.load)
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkValues(t, vals, keys, func(k string) string { return "v-" + k })
+	s := c.Stats()
+	if s.FailOpen != 5 || s.Leads != 3 {
+		t.Fatalf("failOpen=%d leads=%d, want 5 and 3: the faults did not hit as planned", s.FailOpen, s.Leads)
+	}
+	if s.BreakerOpens != 0 {
+		t.Errorf("BreakerOpens = %d after a batch that Redis answered for 3 of 8 keys, want 0", s.BreakerOpens)
+	}
+}

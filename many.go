@@ -662,12 +662,17 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 			c.sig.lease(f.key, LeaseContended)
 			c.followMember(m, r.pttl)
 		default:
-			c.redisFailed(err)
 			failed, cause = append(failed, m), err
 		}
 	}
-	if answered {
+	// One verdict for the batch, as for its read: an answer if Redis
+	// answered any ACQUIRE (failures of some keys' masters must not count
+	// as so many consecutive failures and open the breaker mid-batch).
+	switch {
+	case answered:
 		c.redisAnswered()
+	case cause != nil:
+		c.redisFailed(cause)
 	}
 	return led, failed, cause
 }
