@@ -20,6 +20,7 @@ type scriptCall struct {
 	args  []any
 	cmd   *redis.Cmd
 	werr  error
+	sent  time.Time // when its pipeline (or its redirected run) was sent; zero if never
 }
 
 // batchSize bounds the scripts sent in one pipeline.
@@ -27,8 +28,8 @@ const batchSize = 256
 
 // runBatch runs s once for each call, as run does, but pipelined: the
 // calls are grouped by master, each group is sent in pipelines of up to
-// batchSize scripts followed by one WAIT for the replicas, and the
-// masters are written to at once. Every call has its cmd when runBatch
+// batchSize scripts, each followed by one WAIT for the replicas, and
+// every pipeline is sent at once. Every call has its cmd when runBatch
 // returns.
 func (w *replicaWait) runBatch(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, calls []*scriptCall) {
 	type group struct {
@@ -53,13 +54,15 @@ func (w *replicaWait) runBatch(ctx context.Context, rdb redis.UniversalClient, s
 		}
 		g.calls = append(g.calls, call)
 	}
+	// Every pipeline goes at once, each master's chunks too: a batch's
+	// leases count from their ACQUIREs, and with the chunks one after the
+	// other the first ones lapsed while the last were on their way once a
+	// few round trips added up to a lease.
 	var wg sync.WaitGroup
 	for _, g := range groups {
-		wg.Go(func() {
-			for chunk := range slices.Chunk(g.calls, batchSize) {
-				w.runChunk(ctx, rdb, g.target, g.addr, cluster, s, chunk)
-			}
-		})
+		for chunk := range slices.Chunk(g.calls, batchSize) {
+			wg.Go(func() { w.runChunk(ctx, rdb, g.target, g.addr, cluster, s, chunk) })
+		}
 	}
 	wg.Wait()
 }
@@ -92,6 +95,10 @@ func (w *replicaWait) runChunk(ctx context.Context, rdb redis.UniversalClient, t
 			wait = redis.NewIntCmd(ctx, "WAIT", need, w.timeout.Milliseconds())
 			_ = pipe.Process(ctx, wait)
 		}
+		sent := time.Now()
+		for _, c := range pending {
+			c.sent = sent
+		}
 		_, _ = pipe.Exec(ctx)
 		var again []*scriptCall
 		for _, c := range pending {
@@ -99,6 +106,7 @@ func (w *replicaWait) runChunk(ctx context.Context, rdb redis.UniversalClient, t
 			case attempt == 0 && isNoScript(err):
 				again = append(again, c) // the master does not have the script yet
 			case cluster && isRedirect(err):
+				c.sent = time.Now()
 				c.cmd, c.werr = w.run(ctx, rdb, c.route, s, c.keys, c.args...)
 			case err == nil && wait != nil:
 				c.werr = waitError(wait, need, w.timeout)

@@ -420,7 +420,9 @@ func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 // Close cancels the rebuilds in flight (their loaders' contexts end), waits
 // for them, aborts the Fills still open (their leases go to other
 // processes at once), and stops the pub/sub connections (the near
-// cache, when on, stops serving first). Callers still
+// cache, when on, stops serving first). A rebuild whose loader had
+// returned a value is still committed, so its value is stored and its
+// lease released. Callers still
 // waiting in Get, Fetch, Begin or Peek return [ErrClosed] at once, but
 // for a Get or Peek whose ctx cannot end and whose GET is under way: it
 // returns when that GET does (see [Cache.Get]). A Redis

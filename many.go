@@ -40,9 +40,9 @@ const manyChunk = 1000
 // too). A key the map lacks has no value: like [ErrNotFound] from a
 // [LoadFunc], it is remembered for [Options.NegativeTTL]. To fail some
 // keys but not the others, return the others' values with a [*ManyError]
-// (possibly wrapped) that holds an error for each key that failed; any
-// other error fails every key of the call. Values of keys that were not
-// asked for are ignored.
+// (possibly wrapped) that holds an error for each key that failed (a nil
+// *ManyError fails none); any other error fails every key of the call.
+// Values of keys that were not asked for are ignored.
 //
 // Its context belongs to no caller, as a LoadFunc's does: it ends after
 // [Options.LoadTimeout] or on [Cache.Close]. [SetExpiry] and [SetTags]
@@ -63,6 +63,7 @@ type ManyError struct {
 }
 
 // Error lists the failed keys (sorted, the first three) with their errors.
+// A nil *ManyError has none.
 func (e *ManyError) Error() string {
 	keys := e.keys()
 	var b strings.Builder
@@ -96,6 +97,9 @@ func (e *ManyError) Unwrap() []error {
 }
 
 func (e *ManyError) keys() []string {
+	if e == nil {
+		return nil
+	}
 	keys := make([]string, 0, len(e.Errs))
 	for k, err := range e.Errs {
 		if err != nil {
@@ -125,7 +129,11 @@ func (e *ManyError) keys() []string {
 // later (its leader died or gave up), or that it loads after its wait
 // budget ran out, is loaded alone: load is called with that one key. A
 // call with more than 1000 missing keys to rebuild calls load once per
-// 1000. Refreshes of stale values call load with one key each.
+// 1000. Refreshes of stale values call load with one key each. A lease
+// whose ACQUIRE reply comes back after the lease's validity (a Redis or a
+// client too slow to take a batch's leases within one lease) is given
+// back, and its key is followed and then taken over alone, like a key
+// another process leads: still one load per key, not one call.
 //
 // The result holds the value of each key that has one. A key that was
 // not found (load omitted it or returned [ErrNotFound] for it, now or
@@ -242,6 +250,7 @@ type manyCall struct {
 
 // manyKey is one key of a GetMany.
 type manyKey struct {
+	idx    int // its place among the caller's distinct keys
 	key    string
 	vkey   string    // its value's Redis name
 	keys   keyFamily // its Redis names, once it needs a flight (see family)
@@ -266,7 +275,7 @@ func (m *manyCall) prepare(keys []string) {
 			continue
 		}
 		mk := &all[len(m.todo)]
-		*mk = manyKey{key: k, vkey: vkey, writes: m.c.writesOf(k)}
+		*mk = manyKey{idx: len(m.todo), key: k, vkey: vkey, writes: m.c.writesOf(k)}
 		m.todo = append(m.todo, mk)
 	}
 }
@@ -315,15 +324,25 @@ func (load ManyLoadFunc) one(key string) LoadFunc {
 	}
 }
 
-// pick returns key's answer in what a ManyLoadFunc returned.
-func pick(vals map[string][]byte, err error, key string) ([]byte, error) {
+// pick returns key's answer in what a ManyLoadFunc returned. A nil
+// *ManyError (a typed nil in a non-nil error, as a loader that returns
+// its *ManyError variable unset gives) fails no key. A panic in the
+// error's own methods (errors.As calls its As and Unwrap) is that key's
+// error, a *PanicError, as the loader's own panic would be: its lease is
+// released with it like any failed key's.
+func pick(vals map[string][]byte, err error, key string) (val []byte, kerr error) {
 	if err != nil {
+		defer func() {
+			if r := recover(); r != nil {
+				val, kerr = nil, &PanicError{Value: r, Stack: debug.Stack()}
+			}
+		}()
 		var me *ManyError
 		if !errors.As(err, &me) {
 			return nil, err
 		}
-		if kerr := me.Errs[key]; kerr != nil {
-			return nil, kerr
+		if me != nil && me.Errs[key] != nil {
+			return nil, me.Errs[key]
 		}
 	}
 	if v, ok := vals[key]; ok {
@@ -404,7 +423,13 @@ func (m *manyCall) read(ctx context.Context) {
 	m.todo = todo
 }
 
-// readVerdict reports the replies of a read to the breaker.
+// readVerdict reports the replies of a read to the breaker. A read that
+// any master answered is an answer, as a probe's is: on a Cluster with one
+// master down every batch that spans the masters has replies of both
+// kinds, and counting it as a failure would open the breaker for the keys
+// of the live masters too, and keep it open, since every probe batch
+// would fail again. The keys whose reply was an infrastructure error go
+// without Redis all the same (see read).
 func (c *Cache) readVerdict(replies []readReply) {
 	var infra error
 	answered := false
@@ -417,10 +442,10 @@ func (c *Cache) readVerdict(replies []readReply) {
 		}
 	}
 	switch {
-	case infra != nil:
-		c.redisFailed(infra)
 	case answered:
 		c.redisAnswered()
+	case infra != nil:
+		c.redisFailed(infra)
 	default:
 		c.brk.probeDone() // Close, not Redis: no verdict
 	}
@@ -472,6 +497,9 @@ func (m *manyCall) fly(ctx context.Context) {
 			}
 			m.answer(kr.k.key, val, kr.r.Err)
 		}
+		// The next round's keys in the caller's order, not in the order
+		// their flights ended: the loader gets them so.
+		slices.SortFunc(again, func(a, b *manyKey) int { return a.idx - b.idx })
 		m.todo = again
 	}
 }
@@ -593,7 +621,14 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 	for i, m := range ms {
 		f := m.f
 		c.stats.misses.Add(1)
-		r, err := c.locker.parseAcquire(c.ctx, f.key, f.keys, ttls[i], owners[i], sent, calls[i])
+		// The lease's validity counts from when its own pipeline was sent
+		// (after a replica count or a NOSCRIPT round trip that runBatch
+		// may have made first), not from before the batch.
+		start := sent
+		if calls[i].sent.After(start) {
+			start = calls[i].sent
+		}
+		r, err := c.locker.parseAcquire(c.ctx, f.key, f.keys, ttls[i], owners[i], start, calls[i])
 		if r.holder != "" {
 			f.awaited = r.holder
 		}
@@ -627,12 +662,17 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 			c.sig.lease(f.key, LeaseContended)
 			c.followMember(m, r.pttl)
 		default:
-			c.redisFailed(err)
 			failed, cause = append(failed, m), err
 		}
 	}
-	if answered {
+	// One verdict for the batch, as for its read: an answer if Redis
+	// answered any ACQUIRE (failures of some keys' masters must not count
+	// as so many consecutive failures and open the breaker mid-batch).
+	switch {
+	case answered:
 		c.redisAnswered()
+	case cause != nil:
+		c.redisFailed(cause)
 	}
 	return led, failed, cause
 }
@@ -793,18 +833,24 @@ func (b *commitBatch) skip() {
 
 func (b *commitBatch) flush() {
 	if len(b.calls) > 0 {
-		b.c.locker.cfg.repl.runBatch(b.c.ctx, b.c.rdb, commitScript, b.calls)
+		b.c.locker.cfg.repl.runBatch(context.WithoutCancel(b.c.ctx), b.c.rdb, commitScript, b.calls)
 	}
 	close(b.done)
 }
 
 // runCommit runs a COMMIT of f's key: in f's commit batch if it has one.
+// The COMMIT is sent even once Close has begun (the context is detached
+// from c.ctx; the client's timeouts bound it, as they bound every command
+// Close waits for): a load that ended is stored and its lease released,
+// instead of the lease being left to block the key for other processes
+// until it expires. In a batch the COMMIT waits for the other keys, so
+// the window between the load's end and the COMMIT is not small.
 func (c *Cache) runCommit(f *flight, keys []string, args ...any) (*redis.Cmd, error) {
 	if b := f.commits; b != nil {
 		f.commits = nil
 		return b.run(f.keys.fence, keys, args)
 	}
-	return c.locker.cfg.repl.run(c.ctx, c.rdb, f.keys.fence, commitScript, keys, args...)
+	return c.locker.cfg.repl.run(context.WithoutCancel(c.ctx), c.rdb, f.keys.fence, commitScript, keys, args...)
 }
 
 // skipCommit tells f's commit batch, if it still has one, that f commits
