@@ -189,8 +189,13 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	poll := time.NewTimer(0)
 	defer poll.Stop()
 	if !live && serr == nil {
-		// The subscription's confirmation will wake us; until then, poll.
-		poll.Reset(backoff)
+		// The subscription's confirmation will wake us; until then, poll,
+		// and look again just after the holder's lease ends if sooner.
+		wait := backoff
+		if pttl > 0 && pttl+time.Millisecond < wait {
+			wait = pttl + time.Millisecond
+		}
+		poll.Reset(wait)
 	}
 	for {
 		select {
@@ -332,6 +337,12 @@ func (l *Locker) parseAcquire(ctx context.Context, key string, keys keyFamily, t
 		return attempted{failure: val}, nil
 	case 0, 3:
 		pttl, _ := strconv.ParseInt(val, 10, 64)
+		if pttl == 0 {
+			// PTTL counts whole milliseconds: 0 is a key that expires
+			// within one, not an unknown time (that is -1). A waiter
+			// told 0 would wait a full poll interval instead.
+			pttl = 1
+		}
 		r := attempted{pttl: max(time.Duration(pttl)*time.Millisecond, 0), backoff: ok == 3}
 		if r.backoff {
 			return r, nil
