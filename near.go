@@ -1,7 +1,6 @@
 package herd
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -58,8 +57,8 @@ type NearOptions struct {
 	MaxEntries int
 
 	// MaxBytes bounds the near cache by the bytes it holds: each value's
-	// payload plus 128 bytes for its key and bookkeeping. Use MaxEntries
-	// or MaxBytes, not both.
+	// payload and key plus 160 bytes of bookkeeping. Use MaxEntries or
+	// MaxBytes, not both.
 	MaxBytes int64
 
 	// MaxAge caps how long a value is served from process memory after it
@@ -82,8 +81,9 @@ const (
 	defaultNearStaleness = 250 * time.Millisecond
 	minNearStaleness     = 10 * time.Millisecond
 	// nearEntryOverhead is what MaxBytes counts for an entry on top of its
-	// payload: the 32-byte key, the entry's fields, the store's node.
-	nearEntryOverhead = 128
+	// payload and key: the entry's fields (the 32-byte ID among them), the
+	// store's node and the ID's place in the reverse index.
+	nearEntryOverhead = 160
 	// nearStripes is the number of invalidation sequences; keys share one
 	// by hash. A message for a key only refuses the fills in flight of the
 	// keys of its stripe (they read again next time).
@@ -131,8 +131,9 @@ func (o NearOptions) resolve() nearConfig {
 // nearChannel is the channel every value-changing script publishes on.
 func nearChannel(prefix string) string { return prefix + ":near" }
 
-// nearID is a key's identity in the near cache: the SHA-256 its hash tag
-// T encodes, so a message, which carries T, finds it.
+// nearID is a key's identity in the messages: the SHA-256 its hash tag T
+// encodes. The store is keyed by the key itself, so that a near hit does
+// not hash it; the reverse index (near.rev) finds the key of a message.
 type nearID = [sha256.Size]byte
 
 func nearIDOf(key string) nearID { return sha256.Sum256([]byte(key)) }
@@ -155,6 +156,7 @@ func nearStripe(id nearID) int { return int(uint16(id[0])|uint16(id[1])<<8) % ne
 // nearEntry is one value in process memory. It is never modified: a
 // caller gets a copy of val.
 type nearEntry struct {
+	id       nearID // the key's ID, for the reverse index
 	val      []byte
 	fence    uint64
 	expires  time.Time // by the Cache's clock: MaxAge after the read, or the end of the fresh period
@@ -168,8 +170,15 @@ type near struct {
 	c       *Cache
 	cfg     nearConfig
 	channel string
-	store   *otter.Cache[nearID, nearEntry]
+	store   *otter.Cache[string, nearEntry]
 	fills   singleflight.Group
+
+	// rev is the reverse index of the store, per stripe of IDs: the key
+	// of every ID the store holds, for the messages, which carry IDs. It
+	// is written only under the lock of the store's bucket of the key (in
+	// insert's Compute and in the store's atomic deletion handler), and
+	// its locks are never held while calling the store.
+	rev [nearStripes]nearRev
 
 	seq   [nearStripes]atomic.Uint64 // per stripe: drops (messages, own writes)
 	epoch atomic.Uint64              // whole-cache flushes
@@ -189,6 +198,40 @@ type near struct {
 	conns  map[string]*nearConn
 }
 
+// nearRev is one stripe of the reverse index.
+type nearRev struct {
+	mu sync.Mutex
+	m  map[nearID]string
+}
+
+func (n *near) revAdd(id nearID, key string) {
+	r := &n.rev[nearStripe(id)]
+	r.mu.Lock()
+	if r.m == nil {
+		r.m = make(map[nearID]string)
+	}
+	r.m[id] = key
+	r.mu.Unlock()
+}
+
+func (n *near) revDel(id nearID, key string) {
+	r := &n.rev[nearStripe(id)]
+	r.mu.Lock()
+	if k, ok := r.m[id]; ok && k == key {
+		delete(r.m, id)
+	}
+	r.mu.Unlock()
+}
+
+// revKey returns the key of id, if the store holds it.
+func (n *near) revKey(id nearID) (string, bool) {
+	r := &n.rev[nearStripe(id)]
+	r.mu.Lock()
+	k, ok := r.m[id]
+	r.mu.Unlock()
+	return k, ok
+}
+
 // nearHooks let tests hold the subscriber at chosen points.
 type nearHooks struct {
 	receive     func(addr string, gen uint64, msg any, err error) // after a read of session gen, before it is handled
@@ -201,17 +244,24 @@ type nearHooks struct {
 func (c *Cache) newNear(cfg nearConfig) *near {
 	n := &near{c: c, cfg: cfg, channel: nearChannel(c.cfg.Prefix), base: time.Now(),
 		conns: make(map[string]*nearConn), tasks: make(chan func(), 64)}
-	opt := &otter.Options[nearID, nearEntry]{
+	opt := &otter.Options[string, nearEntry]{
 		// One goroutine of the near cache runs otter's maintenance, and
 		// the caller when it is busy: no goroutine outlives Close.
 		Executor: n.execute,
+		// Every deletion but a replacement (insert's own write, which
+		// keeps the ID) leaves the reverse index with the entry.
+		OnAtomicDeletion: func(e otter.DeletionEvent[string, nearEntry]) {
+			if e.Cause != otter.CauseReplacement {
+				n.revDel(e.Value.id, e.Key)
+			}
+		},
 	}
 	if cfg.maxEntries > 0 {
 		opt.MaximumSize = cfg.maxEntries
 	} else {
 		opt.MaximumWeight = uint64(cfg.maxBytes)
-		opt.Weigher = func(_ nearID, e nearEntry) uint32 {
-			return uint32(min(len(e.val)+nearEntryOverhead, math.MaxUint32))
+		opt.Weigher = func(key string, e nearEntry) uint32 {
+			return uint32(min(len(e.val)+len(key)+nearEntryOverhead, math.MaxUint32))
 		}
 	}
 	n.store = otter.Must(opt)
@@ -253,8 +303,9 @@ func (n *near) maintain() {
 // mono is the monotonic time since the near cache started, in ns, > 0.
 func (n *near) mono() int64 { return int64(time.Since(n.base)) + 1 }
 
-// serving reports whether near hits may be served now.
-func (n *near) serving() bool { return n.mono() < n.until.Load() }
+// serving reports whether near hits may be served at mono (a mono()
+// reading).
+func (n *near) serving(mono int64) bool { return mono < n.until.Load() }
 
 // nearSnap is what a fill reads before its GET.
 type nearSnap struct {
@@ -268,13 +319,22 @@ func (n *near) snapshot(id nearID) nearSnap {
 	return nearSnap{seq: n.seq[nearStripe(id)].Load(), epoch: e, live: n.live.Load()}
 }
 
-// insert stores e unless the key's stripe saw a drop or the cache a flush
-// since snap, or a subscription is down. It reports whether it stored.
-func (n *near) insert(id nearID, e nearEntry, snap nearSnap) bool {
-	st := nearStripe(id)
+// insert stores e (whose id is key's) unless the key's stripe saw a drop
+// or the cache a flush since snap, or a subscription is down. It reports
+// whether it stored.
+func (n *near) insert(key string, e nearEntry, snap nearSnap) bool {
+	st := nearStripe(e.id)
 	stored := false
-	n.store.Compute(id, func(old nearEntry, found bool) (nearEntry, otter.ComputeOp) {
+	n.store.Compute(key, func(old nearEntry, found bool) (nearEntry, otter.ComputeOp) {
+		// The key goes into the reverse index before the sequence is
+		// checked: a drop raises the sequence before it reads the index,
+		// so either this check sees the raise or the drop finds the key
+		// (and waits for this bucket's lock to delete the entry).
+		n.revAdd(e.id, key)
 		if !snap.live || n.seq[st].Load() != snap.seq || n.epoch.Load() != snap.epoch || !n.live.Load() {
+			if !found {
+				n.revDel(e.id, key)
+			}
 			return old, otter.CancelOp
 		}
 		stored = true
@@ -283,15 +343,21 @@ func (n *near) insert(id nearID, e nearEntry, snap nearSnap) bool {
 	return stored
 }
 
-// drop removes the near copy of id and refuses the fills in flight of its
-// stripe. A message (fence > 0) leaves a copy of the very write it
-// announces: the fill read it before the message came.
+// drop removes the near copy of the key whose ID is id, and refuses the
+// fills in flight of its stripe. A message (fence > 0) leaves a copy of
+// the very write it announces: the fill read it before the message came.
+//
+// The stripe's sequence is raised before the reverse index is read (see
+// insert for the other half): no copy read before the drop stays.
 func (n *near) drop(id nearID, fence uint64) {
-	st := nearStripe(id)
-	n.store.Compute(id, func(old nearEntry, found bool) (nearEntry, otter.ComputeOp) {
-		n.seq[st].Add(1)
+	n.seq[nearStripe(id)].Add(1)
+	key, ok := n.revKey(id)
+	if !ok {
+		return
+	}
+	n.store.Compute(key, func(old nearEntry, found bool) (nearEntry, otter.ComputeOp) {
 		switch {
-		case !found:
+		case !found || old.id != id:
 			return old, otter.CancelOp
 		case fence != 0 && old.fence == fence:
 			return old, otter.CancelOp
@@ -418,11 +484,12 @@ type nearResult struct {
 // serving).
 func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error, ok bool) {
 	n := c.near
-	if key == "" || !n.serving() || c.closing.Load() {
+	mono := n.mono()
+	if key == "" || !n.serving(mono) || c.closing.Load() {
 		return nil, nil, false
 	}
-	e, found := n.store.GetIfPresent(nearIDOf(key))
-	if !found || !n.usable(e) {
+	e, found := n.store.GetIfPresent(key)
+	if !found || !n.usable(e, mono) {
 		return nil, nil, false
 	}
 	if err := ctx.Err(); err != nil {
@@ -433,12 +500,13 @@ func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error,
 	return val, err, true
 }
 
-// usable reports whether e may be served now: read in the current flush
-// epoch, and neither past its expiry by the Cache's clock nor past its
-// deadline on the monotonic clock (MaxAge and the fresh period are
-// durations from the read, whatever the wall clock does meanwhile).
-func (n *near) usable(e nearEntry) bool {
-	return e.epoch == n.epoch.Load() && n.c.now().Before(e.expires) && n.mono() < e.deadline
+// usable reports whether e may be served at mono (a mono() reading of
+// now): read in the current flush epoch, and neither past its expiry by
+// the Cache's clock nor past its deadline on the monotonic clock (MaxAge
+// and the fresh period are durations from the read, whatever the wall
+// clock does meanwhile).
+func (n *near) usable(e nearEntry, mono int64) bool {
+	return e.epoch == n.epoch.Load() && mono < e.deadline && n.c.now().Before(e.expires)
 }
 
 // nearGet is a near miss: it joins or starts the key's fill and answers
@@ -448,12 +516,13 @@ func (n *near) usable(e nearEntry) bool {
 // serving, or the fill's read is not current for this caller).
 func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err error, done bool, pre *preRead) {
 	n := c.near
-	if !n.serving() {
+	mono := n.mono()
+	if !n.serving(mono) {
 		c.stats.nearBypassed.Add(1)
 		return nil, nil, false, nil
 	}
 	id, _ := nearIDOfTag(vkey[len(c.cfg.Prefix)+2 : len(c.cfg.Prefix)+2+nearTagLen]) // P:{T}:v
-	if e, ok := n.store.GetIfPresent(id); ok && n.usable(e) {
+	if e, ok := n.store.GetIfPresent(key); ok && n.usable(e, mono) {
 		// A fill that ended since nearHit looked.
 		c.stats.nearHits.Add(1)
 		val, err := c.nearAnswer(ctx, key, e.val, e.negative)
@@ -515,7 +584,11 @@ func (c *Cache) nearAnswer(ctx context.Context, key string, val []byte, negative
 	if negative {
 		return nil, ErrNotFound
 	}
-	return bytes.Clone(val), nil
+	// make and copy, not bytes.Clone: one allocation of exactly len(val),
+	// without append's growth path.
+	out := make([]byte, len(val))
+	copy(out, val)
+	return out, nil
 }
 
 // nearFill reads key from Redis for the near cache, and stores it there
@@ -586,7 +659,7 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 		h.beforeFill(key)
 	}
 	deadline := n.mono() + int64(exp.Sub(now))
-	n.insert(id, nearEntry{val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch}, snap)
+	n.insert(key, nearEntry{id: id, val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch}, snap)
 	res.val, res.negative, res.ok, res.pre = env.payload, env.negative, true, nil
 	return res
 }

@@ -72,7 +72,7 @@ func nearInvalWorker(ctx context.Context, _ string) error {
 	defer w.rdb.Close()
 	c := New(w.rdb, &Options{Near: NearOptions{MaxEntries: 100, MaxAge: time.Hour, Staleness: nearProcStaleness}})
 	defer c.Close()
-	for deadline := time.Now().Add(cpBarrierTimeout); !c.near.serving(); time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(cpBarrierTimeout); !nearServing(c); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			return errors.New("the near cache never served")
 		}

@@ -52,7 +52,7 @@ func newNearCache(t testing.TB, rdb redis.UniversalClient, near NearOptions, tun
 // waitServing waits until c's near cache serves hits.
 func waitServing(t testing.TB, c *Cache) {
 	t.Helper()
-	waitFor(t, 15*time.Second, "the near cache to serve", c.near.serving)
+	waitFor(t, 15*time.Second, "the near cache to serve", func() bool { return nearServing(c) })
 }
 
 // noLoad is a loader that must not run.
@@ -86,9 +86,12 @@ func warm(t *testing.T, c *Cache, key, want string) {
 	})
 }
 
+// nearServing reports whether c's near cache serves hits now.
+func nearServing(c *Cache) bool { return c.near.serving(c.near.mono()) }
+
 // nearHas reports whether c holds a near copy of key.
 func nearHas(c *Cache, key string) bool {
-	_, ok := c.near.store.GetIfPresent(nearIDOf(key))
+	_, ok := c.near.store.GetIfPresent(key)
 	return ok
 }
 
@@ -348,8 +351,8 @@ func TestNearPubSubKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the near cache to notice", func() bool { return resub.passed.Load() > 0 })
-	if b.near.serving() || nearHas(b, key) || b.Stats().NearFlushes == flushes {
-		t.Fatalf("after the kill: serving %v, copy %v, flushes %d", b.near.serving(), nearHas(b, key), b.Stats().NearFlushes-flushes)
+	if nearServing(b) || nearHas(b, key) || b.Stats().NearFlushes == flushes {
+		t.Fatalf("after the kill: serving %v, copy %v, flushes %d", nearServing(b), nearHas(b, key), b.Stats().NearFlushes-flushes)
 	}
 	rawSet(t, rdb, b, key, "v2", time.Hour)
 	before := b.Stats()
@@ -407,7 +410,7 @@ func TestNearRedisRestarted(t *testing.T) {
 	defer resub.release()
 	srv.Restart(t)
 	waitFor(t, 10*time.Second, "the near cache to notice", func() bool { return resub.passed.Load() > 0 })
-	if b.near.serving() || nearHas(b, key) {
+	if nearServing(b) || nearHas(b, key) {
 		t.Fatal("still serving after the restart")
 	}
 	waitFor(t, 10*time.Second, "a's Set to go through", func() bool {
@@ -556,7 +559,7 @@ func TestNearFillRacesWrite(t *testing.T) {
 				t.Fatalf("a caller that joined the fill after its own process's Set returned got %q", got)
 			}
 			if nearHas(b, key) {
-				if e, _ := b.near.store.GetIfPresent(nearIDOf(key)); string(e.val) == "old" {
+				if e, _ := b.near.store.GetIfPresent(key); string(e.val) == "old" {
 					t.Fatal("the fill stored the value it read before the write")
 				}
 			}
@@ -790,7 +793,7 @@ func TestNearMemoryBounded(t *testing.T) {
 				for i := range per {
 					key := strconv.Itoa(w*per + i)
 					id := nearIDOf(key)
-					n.insert(id, nearEntry{val: val, expires: time.Now().Add(time.Hour), epoch: n.epoch.Load()}, n.snapshot(id))
+					n.insert(key, nearEntry{id: id, val: val, expires: time.Now().Add(time.Hour), epoch: n.epoch.Load()}, n.snapshot(id))
 				}
 			})
 		}
@@ -833,8 +836,9 @@ func TestNearMemoryBounded(t *testing.T) {
 		n := c.near
 		val := make([]byte, 4096)
 		for i := range 5000 { // 20 MB offered
-			id := nearIDOf(strconv.Itoa(i))
-			n.insert(id, nearEntry{val: val, expires: time.Now().Add(time.Hour), epoch: n.epoch.Load()}, n.snapshot(id))
+			key := strconv.Itoa(i)
+			id := nearIDOf(key)
+			n.insert(key, nearEntry{id: id, val: val, expires: time.Now().Add(time.Hour), epoch: n.epoch.Load()}, n.snapshot(id))
 		}
 		n.store.CleanUp()
 		if w := n.store.WeightedSize(); w > bound || w < bound/2 {
@@ -976,7 +980,7 @@ func TestNearRedisPaused(t *testing.T) {
 			srv.Resume(t)
 		}
 	}()
-	waitFor(t, 5*time.Second, "the near cache to stop serving", func() bool { return !b.near.serving() })
+	waitFor(t, 5*time.Second, "the near cache to stop serving", func() bool { return !nearServing(b) })
 	if d := time.Since(paused); d > nearTestStaleness+100*time.Millisecond {
 		t.Logf("stopped serving %v after the pause (bound %v: measured from the last answered PING, sent before the pause)", d, nearTestStaleness)
 	}
@@ -1196,5 +1200,94 @@ func TestNearFillReadGoesToFlight(t *testing.T) {
 	<-refreshed
 	if n := gets.Load(); n != 1 {
 		t.Fatalf("a stale Get sent %d GETs, want 1", n)
+	}
+}
+
+// revLen is the number of keys in n's reverse index.
+func revLen(n *near) int {
+	total := 0
+	for i := range n.rev {
+		r := &n.rev[i]
+		r.mu.Lock()
+		total += len(r.m)
+		r.mu.Unlock()
+	}
+	return total
+}
+
+// TestNearReverseIndexFollowsTheStore: the store is keyed by the key and
+// the messages carry its ID; the reverse index from IDs to keys holds
+// exactly the keys the store holds, through evictions, drops and flushes,
+// so its memory is bounded with the store's, and a message finds the copy
+// it is for.
+func TestNearReverseIndexFollowsTheStore(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newNearCache(t, srv.Client(t), NearOptions{MaxEntries: 100}, nil)
+	n := c.near
+	val := []byte("v")
+	put := func(key string) {
+		id := nearIDOf(key)
+		if !n.insert(key, nearEntry{id: id, val: val, fence: 7, expires: time.Now().Add(time.Hour), deadline: n.mono() + int64(time.Hour), epoch: n.epoch.Load()}, n.snapshot(id)) {
+			t.Fatalf("insert of %q refused", key)
+		}
+	}
+	for i := range 10_000 {
+		put("k" + strconv.Itoa(i))
+	}
+	n.store.CleanUp()
+	size := n.store.EstimatedSize()
+	if size > 100 {
+		t.Fatalf("store holds %d entries (bound 100)", size)
+	}
+	if got := revLen(n); got != size {
+		t.Fatalf("reverse index holds %d keys, the store %d: evictions left keys behind", got, size)
+	}
+
+	// A message for a held key drops it; one for the very write the copy
+	// holds leaves it; one for an evicted key is a no-op.
+	put("held")
+	n.drop(nearIDOf("held"), 7)
+	if !nearHas(c, "held") {
+		t.Fatal("a message of the write the copy holds dropped it")
+	}
+	n.drop(nearIDOf("held"), 8)
+	if nearHas(c, "held") {
+		t.Fatal("a message of a newer write left the copy")
+	}
+	n.drop(nearIDOf("k0"), 9)
+	n.store.CleanUp()
+	if got, size := revLen(n), n.store.EstimatedSize(); got != size {
+		t.Fatalf("after drops: reverse index %d keys, store %d", got, size)
+	}
+
+	n.flush()
+	n.store.CleanUp()
+	if got := revLen(n); got != 0 {
+		t.Fatalf("after a flush the reverse index holds %d keys", got)
+	}
+}
+
+// TestNearDropRacesInsert: a fill that took its snapshot before a drop
+// of its key never leaves a copy, however the two interleave (the drop
+// raises the stripe's sequence before it reads the reverse index, and the
+// insert writes the index before it checks the sequence).
+func TestNearDropRacesInsert(t *testing.T) {
+	srv := redistest.Start(t)
+	c := newNearCache(t, srv.Client(t), NearOptions{MaxEntries: 1000}, nil)
+	n := c.near
+	val := []byte("v")
+	for i := range 20_000 {
+		key := "race" + strconv.Itoa(i%50)
+		id := nearIDOf(key)
+		snap := n.snapshot(id)
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			n.insert(key, nearEntry{id: id, val: val, expires: time.Now().Add(time.Hour), deadline: n.mono() + int64(time.Hour), epoch: snap.epoch}, snap)
+		})
+		wg.Go(func() { n.drop(id, 0) })
+		wg.Wait()
+		if nearHas(c, key) {
+			t.Fatalf("round %d: a copy read before the drop stayed", i)
+		}
 	}
 }
