@@ -186,6 +186,7 @@ func BenchmarkHitRatio(b *testing.B) {
 	fail := func(context.Context) ([]byte, error) { panic("a hit called the loader") }
 	cctx, cancel := context.WithCancel(bg)
 	defer cancel()
+	inline := newTestCache(b, rdb, &Options{InlineHits: true})
 	near := newNearCache(b, srv.Client(b), NearOptions{MaxAge: time.Hour}, nil)
 	for !nearHas(near, "hit") {
 		if _, err := near.Get(bg, "hit", time.Hour, fail); err != nil {
@@ -215,7 +216,7 @@ func BenchmarkHitRatio(b *testing.B) {
 		name string
 		ctx  context.Context
 		c    *Cache
-	}{{"Background", bg, c}, {"Cancellable", cctx, c}, {"Near", bg, near}} {
+	}{{"Background", bg, c}, {"Cancellable", cctx, c}, {"CancellableInline", cctx, inline}, {"Near", bg, near}} {
 		b.Run(tc.name, func(b *testing.B) {
 			var raw, hit atomic.Int64
 			for b.Loop() {

@@ -168,9 +168,9 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 // ends first; the rebuild goes on for the other callers. With a ctx that
 // can end, a hit's GET runs in a goroutine of its own and Get returns as
 // soon as ctx ends or Close begins. With one that cannot (Background,
-// WithoutCancel) the GET is sent from the caller's goroutine, and Get
-// waits for it, bounded only by the client's ReadTimeout and
-// WriteTimeout, Close included. A loader error
+// WithoutCancel), or with [Options.InlineHits], the GET is sent from the
+// caller's goroutine, and Get waits for it, bounded only by the client's
+// ReadTimeout and WriteTimeout, Close included. A loader error
 // or panic reaches every caller of that rebuild wrapped in
 // [ErrLoadFailed]; [ErrNotFound] from the loader is returned as is and
 // remembered for [Options.NegativeTTL]. A value over

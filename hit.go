@@ -107,10 +107,15 @@ type hitReply struct {
 // itself. Otherwise the GET runs in a goroutine of its own and the caller
 // leaves as soon as ctx ends or Close begins (go-redis cannot give up a
 // command it has sent, and its client timeouts may be long); Close waits
-// for that GET. The hand-off costs a goroutine and two allocations, far
-// less than the round trip.
+// for that GET. The hand-off costs a goroutine and two allocations, less
+// than the round trip but two goroutine wake-ups. With
+// [Options.InlineHits] the caller sends the GET itself, detached from
+// ctx's end (its values kept): it then leaves at the client's timeouts.
 func (c *Cache) readHit(ctx context.Context, vkey string) ([]byte, error) {
-	if ctx.Done() == nil {
+	if ctx.Done() == nil || c.cfg.InlineHits {
+		if ctx.Done() != nil {
+			ctx = context.WithoutCancel(ctx)
+		}
 		b, err := c.readValue(ctx, vkey)
 		c.account(err)
 		return b, err

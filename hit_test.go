@@ -193,3 +193,100 @@ func TestValueKeyMatchesFamily(t *testing.T) {
 		t.Errorf("valueKey of an empty key: %v, want ErrInvalidKey", err)
 	}
 }
+
+// ctxValueHook records, for every GET, the value of ctxProbe in the ctx
+// go-redis ran it with.
+type ctxValueHook struct {
+	seen chan any
+}
+
+type ctxProbe struct{}
+
+func (h ctxValueHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h ctxValueHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h ctxValueHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "get" {
+			select {
+			case h.seen <- ctx.Value(ctxProbe{}):
+			default:
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// With Options.InlineHits a hit with a ctx that can end sends its GET
+// from the caller's goroutine, not from the hand-off's (which runs it
+// under the Cache's own ctx): the caller's ctx values reach go-redis's
+// hooks, allocations stay within the budget of 10, and, the documented
+// price, a caller whose ctx
+// ends while the GET waits on a stalled Redis returns only when the GET
+// gives up at the client's ReadTimeout, with its own ctx error and
+// without the breaker counting its deadline as more than that one GET.
+func TestInlineHits(t *testing.T) {
+	srv := redistest.Start(t)
+	const readTimeout = 600 * time.Millisecond
+	rdb := srv.Client(t, func(o *redis.Options) {
+		o.ReadTimeout = readTimeout
+		o.MaxRetries = -1
+	})
+	hook := ctxValueHook{seen: make(chan any, 1)}
+	rdb.AddHook(hook)
+	inline := newTestCache(t, rdb, &Options{InlineHits: true})
+	handed := newTestCache(t, rdb, nil)
+	bg := context.Background()
+	if err := inline.Set(bg, "hit", make([]byte, 512), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	fail := func(context.Context) ([]byte, error) { panic("a hit called the loader") }
+	cctx, cancel := context.WithCancel(context.WithValue(bg, ctxProbe{}, "caller"))
+	defer cancel()
+	allocs := func(c *Cache, ctx context.Context) float64 {
+		return testing.AllocsPerRun(200, func() {
+			if _, err := c.Get(ctx, "hit", time.Hour, fail); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	base, in, off := allocs(inline, bg), allocs(inline, cctx), allocs(handed, cctx)
+	t.Logf("allocations per hit: %.1f (Background), %.1f (InlineHits, ctx that can end), %.1f (handed off)", base, in, off)
+	if in > 10 {
+		t.Errorf("InlineHits with a ctx that can end: %.1f allocations, budget 10", in)
+	}
+
+	for len(hook.seen) > 0 {
+		<-hook.seen
+	}
+	if _, err := inline.Get(cctx, "hit", time.Hour, fail); err != nil {
+		t.Fatal(err)
+	}
+	if v := <-hook.seen; v != "caller" {
+		t.Errorf("the hit's GET ran with a ctx whose value is %v, want the caller's", v)
+	}
+	for len(hook.seen) > 0 {
+		<-hook.seen
+	}
+	if _, err := handed.Get(cctx, "hit", time.Hour, fail); err != nil {
+		t.Fatal(err)
+	}
+	if v := <-hook.seen; v != nil {
+		t.Errorf("handed-off GET saw the caller's value %v: the test does not tell the two paths apart", v)
+	}
+
+	srv.Pause(t)
+	ctx, cancel2 := context.WithTimeout(bg, 50*time.Millisecond)
+	defer cancel2()
+	start := time.Now()
+	_, err := inline.Get(ctx, "hit", time.Hour, fail)
+	took := time.Since(start)
+	srv.Resume(t)
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("InlineHits Get past its deadline on a stalled Redis: %v, want context.DeadlineExceeded", err)
+	}
+	if took < readTimeout/2 {
+		t.Errorf("InlineHits Get returned after %v: it left at its deadline, not when its GET gave up (ReadTimeout %v), so the doc's price is wrong", took, readTimeout)
+	}
+}

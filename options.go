@@ -386,6 +386,18 @@ type Options struct {
 	// Default: 100,000.
 	MaxTagEntries int
 
+	// InlineHits sends a hit's GET from the caller's goroutine even when
+	// the caller's ctx can end. A hit then costs what a plain go-redis GET
+	// costs, and go-redis hooks see the caller's ctx (tracing); without
+	// it, a Get whose ctx can end hands its GET to a goroutine of its own
+	// so that it can leave at once, which costs two goroutine wake-ups
+	// per hit (README, "What a hit costs"). The price: a caller whose ctx
+	// ends while its hit's GET waits on a stalled Redis returns only when
+	// that GET does, after at most the client's WriteTimeout and
+	// ReadTimeout (times its retries). Misses, waits for a rebuild and
+	// writes still honour ctx at once. Default: false.
+	InlineHits bool
+
 	// Near turns on the near cache: a copy of fresh values in process
 	// memory in front of Redis, invalidated cluster-wide on every write
 	// and served only while its staleness bound holds (see [NearOptions]
