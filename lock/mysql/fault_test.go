@@ -234,7 +234,7 @@ func TestKilledHolder(t *testing.T) {
 		next, err = b.Acquire(wctx, name, ttl)
 		got <- err
 	}()
-	waitForWaiter(t, name)
+	waitForWaiter(t, testDB(t), name)
 	start := time.Now()
 	kill(t, held)
 	timer := time.NewTimer(2 * time.Second)
@@ -262,9 +262,8 @@ func TestKilledHolder(t *testing.T) {
 
 // waitForWaiter waits until a session waits on key's lock at the server
 // (its GET_LOCK shows in the process list), up to 10s.
-func waitForWaiter(t *testing.T, key string) {
+func waitForWaiter(t testing.TB, db *sql.DB, key string) {
 	t.Helper()
-	db := testDB(t)
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		if n := waiters(t, db, key); n > 0 {
 			return
@@ -274,7 +273,7 @@ func waitForWaiter(t *testing.T, key string) {
 }
 
 // waiters counts the sessions waiting in a GET_LOCK on key's lock.
-func waiters(t *testing.T, db *sql.DB, key string) int {
+func waiters(t testing.TB, db *sql.DB, key string) int {
 	t.Helper()
 	var n int
 	if err := db.QueryRow("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE ? AND ID <> CONNECTION_ID()",
@@ -350,7 +349,7 @@ func TestCancelEndsServerWait(t *testing.T) {
 		_, err := b.Acquire(cctx, name, 20*time.Second)
 		got <- err
 	}()
-	waitForWaiter(t, name)
+	waitForWaiter(t, testDB(t), name)
 	cancel()
 	if err := <-got; !errors.Is(err, herd.ErrLeaseHeld) || !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled Acquire: %v, want ErrLeaseHeld and context.Canceled", err)

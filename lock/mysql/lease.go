@@ -30,6 +30,7 @@ type Lease struct {
 	key      string
 	lock     string // the server's lock name
 	id       int64  // the session's CONNECTION_ID()
+	idle     int64  // the session's wait_timeout before the lease
 	token    uint64
 	ttl      time.Duration
 	acquired time.Time
@@ -62,6 +63,7 @@ func newLease(l *Locker, a *attempt, key string, token uint64, ttl time.Duration
 		key:      key,
 		lock:     a.lock,
 		id:       a.id,
+		idle:     a.idle,
 		token:    token,
 		ttl:      ttl,
 		acquired: a.start,
@@ -163,9 +165,12 @@ func (l *Lease) check(interval time.Duration) {
 	}
 }
 
-// end closes the connection, after unlocking the lock when unlock is set
-// and the connection is up. It reports whether that unlock freed the
-// lock. Only the first call does anything; later ones return errEnded.
+// end ends the lease's use of the connection, after unlocking the lock
+// when unlock is set and the connection is up. It reports whether that
+// unlock freed the lock: the connection then goes back to the Locker's
+// pool, with its wait_timeout as it was (one statement with the unlock);
+// otherwise it is closed. Only the first call does anything; later ones
+// return errEnded.
 func (l *Lease) end(ctx context.Context, unlock bool) (bool, error) {
 	l.connMu.Lock()
 	defer l.connMu.Unlock()
@@ -178,10 +183,15 @@ func (l *Lease) end(ctx context.Context, unlock bool) (bool, error) {
 	var err error
 	if unlock {
 		// 1: released; 0: another session holds it; NULL: nobody does.
-		err = l.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK('"+l.lock+"')").Scan(&freed)
+		err = l.conn.QueryRowContext(ctx, "SELECT RELEASE_LOCK('"+l.lock+"'); "+
+			"SET SESSION wait_timeout = "+strconv.FormatInt(l.idle, 10)).Scan(&freed)
+	}
+	if err == nil && freed.Int64 == 1 {
+		l.locker.putBack(l.conn)
+		return true, nil
 	}
 	discard(l.conn)
-	return freed.Int64 == 1, err
+	return false, err
 }
 
 // lose marks the lease lost and ends it, unlocking it first when its

@@ -346,7 +346,8 @@ func (l *Locker) acquireErr(ctx context.Context, key string, err error) error {
 // it won.
 type attempt struct {
 	conn  *sql.Conn
-	id    int64
+	id    int64 // CONNECTION_ID()
+	idle  int64 // the session's wait_timeout before the lease
 	lock  string
 	start time.Time
 	lease *Lease
@@ -364,7 +365,7 @@ func (l *Locker) attempt(ctx context.Context, key string, ttl time.Duration) (*a
 	}
 	a := &attempt{conn: c, lock: lockName(key), start: time.Now()}
 	var won sql.NullInt64
-	if err := c.QueryRowContext(ctx, "SELECT GET_LOCK('"+a.lock+"', 0), CONNECTION_ID()").Scan(&won, &a.id); err != nil {
+	if err := c.QueryRowContext(ctx, "SELECT GET_LOCK('"+a.lock+"', 0), CONNECTION_ID(), @@SESSION.wait_timeout").Scan(&won, &a.id, &a.idle); err != nil {
 		discard(c) // the lock may have been taken: ending the session frees it
 		return nil, l.callErr(ctx, key, err)
 	}

@@ -1,0 +1,42 @@
+package mysql
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestReleaseRestoresSession: a released lease's connection goes back to
+// the Locker's pool with the wait_timeout it had before the lease (the
+// lease's short one would have the server close it while idle), and holds
+// no lock.
+func TestReleaseRestoresSession(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocker(t, &Options{IdleConns: 1})
+	name := testName(t)
+	lease, err := l.TryAcquire(ctx, name, 1500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	var id, wt, locks int64
+	if err := c.QueryRowContext(ctx, "SELECT CONNECTION_ID(), @@SESSION.wait_timeout, IS_USED_LOCK('"+lockName(name)+"') IS NOT NULL").Scan(&id, &wt, &locks); err != nil {
+		t.Fatal(err)
+	}
+	if id != lease.ConnectionID() {
+		t.Fatalf("the pool's connection is session %d, not the lease's %d: the lease's was not put back", id, lease.ConnectionID())
+	}
+	if wt != lease.idle || wt == waitTimeout(1500*time.Millisecond) {
+		t.Errorf("the put-back session's wait_timeout is %d, want %d as before the lease", wt, lease.idle)
+	}
+	if locks != 0 {
+		t.Error("the lock is still held after Release")
+	}
+}
