@@ -277,6 +277,9 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 // went silent, when its wait_timeout runs out). Waiters are not queued
 // in order: the server picks one. Each GET_LOCK waits up to
 // [Options.WaitChunk] and is re-issued at once while the wait goes on.
+// (MySQL, unlike MariaDB, takes GET_LOCK's timeout in whole seconds:
+// there each wait is rounded up, and MaxWait can be overrun by up to a
+// second.)
 //
 // The wait is bounded by ctx and by [Options.MaxWait]: when ctx ends, the
 // Locker ends the GET_LOCK with KILL QUERY from another connection (one
@@ -348,6 +351,7 @@ type attempt struct {
 	conn  *sql.Conn
 	id    int64 // CONNECTION_ID()
 	idle  int64 // the session's wait_timeout before the lease
+	maria bool  // the server is MariaDB (GET_LOCK takes a fractional timeout)
 	lock  string
 	start time.Time
 	lease *Lease
@@ -365,7 +369,8 @@ func (l *Locker) attempt(ctx context.Context, key string, ttl time.Duration) (*a
 	}
 	a := &attempt{conn: c, lock: lockName(key), start: time.Now()}
 	var won sql.NullInt64
-	if err := c.QueryRowContext(ctx, "SELECT GET_LOCK('"+a.lock+"', 0), CONNECTION_ID(), @@SESSION.wait_timeout").Scan(&won, &a.id, &a.idle); err != nil {
+	if err := c.QueryRowContext(ctx, "SELECT GET_LOCK('"+a.lock+"', 0), CONNECTION_ID(), @@SESSION.wait_timeout, VERSION() LIKE '%MariaDB%'").
+		Scan(&won, &a.id, &a.idle, &a.maria); err != nil {
 		discard(c) // the lock may have been taken: ending the session frees it
 		return nil, l.callErr(ctx, key, err)
 	}
@@ -393,7 +398,7 @@ func (l *Locker) wait(ctx context.Context, a *attempt, key string, ttl, d time.D
 	defer cancel()
 	a.start = time.Now()
 	var won sql.NullInt64
-	err := a.conn.QueryRowContext(qctx, "SELECT GET_LOCK('"+a.lock+"', "+seconds(d)+")").Scan(&won)
+	err := a.conn.QueryRowContext(qctx, "SELECT GET_LOCK('"+a.lock+"', "+seconds(d, a.maria)+")").Scan(&won)
 	if !stop() {
 		<-killed // the KILL has landed: no later statement can be hit by it
 	}
@@ -418,9 +423,15 @@ func (l *Locker) wait(ctx context.Context, a *attempt, key string, ttl, d time.D
 	return nil, false, nil
 }
 
-// seconds formats d as seconds with microseconds, for GET_LOCK.
-func seconds(d time.Duration) string {
-	return strconv.FormatFloat(d.Seconds(), 'f', 6, 64)
+// seconds formats d as GET_LOCK's timeout: seconds with microseconds for
+// MariaDB, which honours them; whole seconds rounded up, at least 1, for
+// MySQL, which takes the timeout as an integer (0.3 would be no wait at
+// all).
+func seconds(d time.Duration, maria bool) string {
+	if maria {
+		return strconv.FormatFloat(d.Seconds(), 'f', 6, 64)
+	}
+	return strconv.FormatInt(waitTimeout(d), 10)
 }
 
 // kill ends the statement running on the session id (KILL QUERY, from a
