@@ -329,8 +329,9 @@ func TestStalledHolderExpires(t *testing.T) {
 	}
 }
 
-// TestCancelEndsServerWait: a cancelled Acquire leaves no GET_LOCK
-// waiting at the server (the Locker KILLs it; the driver's own
+// TestCancelEndsServerWait: a cancelled Acquire returns at once (within
+// 5s here; its GET_LOCK would wait a minute) and leaves no GET_LOCK
+// waiting at the server: the Locker KILLs it (the driver's own
 // cancellation would only close the client's side, and the server would
 // go on waiting, and then take the lock).
 func TestCancelEndsServerWait(t *testing.T) {
@@ -351,8 +352,15 @@ func TestCancelEndsServerWait(t *testing.T) {
 	}()
 	waitForWaiter(t, testDB(t), name)
 	cancel()
-	if err := <-got; !errors.Is(err, herd.ErrLeaseHeld) || !errors.Is(err, context.Canceled) {
-		t.Fatalf("cancelled Acquire: %v, want ErrLeaseHeld and context.Canceled", err)
+	timer := time.NewTimer(5 * time.Second)
+	defer timer.Stop()
+	select {
+	case err := <-got:
+		if !errors.Is(err, herd.ErrLeaseHeld) || !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled Acquire: %v, want ErrLeaseHeld and context.Canceled", err)
+		}
+	case <-timer.C:
+		t.Fatal("Acquire still waiting 5s after its context was cancelled")
 	}
 	if n := waiters(t, testDB(t), name); n != 0 {
 		t.Errorf("%d sessions still wait on the lock at the server after the Acquire returned", n)

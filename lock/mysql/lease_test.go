@@ -2,8 +2,11 @@ package mysql
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // TestReleaseRestoresSession: a released lease's connection goes back to
@@ -39,4 +42,45 @@ func TestReleaseRestoresSession(t *testing.T) {
 	if locks != 0 {
 		t.Error("the lock is still held after Release")
 	}
+}
+
+// TestCloseLeavesNoGoroutine: after its leases are released (one of them
+// kept alive, one waited for, one lost to a KILL) and Close, a Locker has
+// no goroutine left: not its leases' checkers and watchdogs, not its
+// pool's.
+func TestCloseLeavesNoGoroutine(t *testing.T) {
+	ctx := context.Background()
+	testConfig(t)
+	before := goleak.IgnoreCurrent()
+	db := testDB(t)
+	l := New(testConfig(t), &Options{Check: 50 * time.Millisecond})
+	name := testName(t)
+	kept, err := l.TryAcquire(ctx, name, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept.KeepAlive(0)
+	got := make(chan *Lease, 1)
+	go func() {
+		lease, _ := l.Acquire(ctx, name, time.Second)
+		got <- lease
+	}()
+	waitForWaiter(t, db, name)
+	if err := kept.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waited := <-got
+	if waited == nil {
+		t.Fatal("the waiting Acquire failed")
+	}
+	if _, err := db.Exec(fmt.Sprintf("KILL %d", waited.ConnectionID())); err != nil {
+		t.Fatal(err)
+	}
+	<-waited.Lost()
+	_ = waited.Release(ctx)
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	goleak.VerifyNone(t, before)
 }
