@@ -110,7 +110,9 @@
 //     covers while clocks are right. Use [FencedTable] (or any check of
 //     the token where the data lives) for correctness, and keep clients
 //     on one server: a proxy that sends statements of one connection to
-//     different servers cannot carry a session lock.
+//     different servers cannot carry a session lock. In a Galera or Group
+//     Replication cluster, too, a named lock is held on one node only:
+//     every Locker of a key must connect to the same node.
 //   - A frozen holder: the server frees its lock after its lease length
 //     rounded up to a second; when it resumes, its Lost closes at the
 //     next check, and its late writes carry an old token.
@@ -139,6 +141,10 @@
 //     wait_timeout less precisely.
 //   - The Locker's user needs CREATE on the database unless the fence
 //     table exists, and INSERT and UPDATE on it.
+//   - Ending a cancelled wait takes a connection of the Locker's pool for
+//     the KILL QUERY: when the server refuses new connections
+//     (max_connections), the wait ends only when its GET_LOCK does, within
+//     [Options.WaitChunk].
 //
 // # Tests
 //

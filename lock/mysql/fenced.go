@@ -131,7 +131,7 @@ func (f FencedTable) update(ctx context.Context, db DB, id any, token uint64, co
 // changed); an error wrapping [herd.ErrNotFound] when there is no such
 // row; a database error wrapped. An invalid call (an empty Table, no
 // column, the key or the fence among the columns, a token of 0 or above
-// 2^63−1) is an error, and nothing is sent. It takes one round trip when
+// 2^63−1) is an error, and nothing is sent. It runs one statement when
 // it writes and two when it does not.
 func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
 	if err := f.check(token, set); err != nil {
@@ -168,7 +168,7 @@ func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, se
 // is written only when its fence is below token. It returns nil when the
 // row was written and an error wrapping [herd.ErrFenced] when it was not
 // (the row exists with a fence at or above token). It needs a unique index
-// or primary key on the key column. It takes one round trip when the row
+// or primary key on the key column. It runs one statement when the row
 // exists and is written, two when it is inserted, and three when its
 // INSERT finds the row there (it is fenced, or another writer inserted
 // it after the UPDATE: the UPDATE runs again then, so a row inserted by

@@ -84,3 +84,37 @@ func TestCloseLeavesNoGoroutine(t *testing.T) {
 	db.Close()
 	goleak.VerifyNone(t, before)
 }
+
+// TestAutocommitOff: with autocommit=0 in the DSN, the tokens are still
+// committed as they are taken: another connection sees the last one, and
+// another Locker's acquire is not blocked by an open transaction on the
+// fence row.
+func TestAutocommitOff(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cfg := testConfig(t)
+	cfg.Params = map[string]string{"autocommit": "0"}
+	a, b := New(cfg, nil), New(cfg, nil)
+	defer a.Close()
+	defer b.Close()
+	name := testName(t)
+	first, err := a.TryAcquire(ctx, name, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var token uint64
+	if err := testDB(t).QueryRowContext(ctx, "SELECT token FROM herd_lock_fence WHERE name = ?", lockName(name)).Scan(&token); err != nil || token != first.Token() {
+		t.Errorf("the fence table's token, read elsewhere: %d, %v; want %d", token, err, first.Token())
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := b.TryAcquire(ctx, name, 20*time.Second)
+	if err != nil {
+		t.Fatalf("the next holder's TryAcquire: %v", err)
+	}
+	defer next.Release(ctx)
+	if next.Token() <= first.Token() {
+		t.Errorf("tokens %d then %d: not increasing", first.Token(), next.Token())
+	}
+}

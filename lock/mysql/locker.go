@@ -456,10 +456,11 @@ func (l *Locker) unlockAndPutBack(a *attempt) {
 }
 
 // finish turns a's won lock into a lease: the session's wait_timeout and
-// the token, in one round trip. On failure it closes the connection,
-// which frees the lock.
+// the token, in one round trip. autocommit is set too, so that the token
+// is committed whatever the DSN or the server's default say. On failure
+// it closes the connection, which frees the lock.
 func (l *Locker) finish(ctx context.Context, a *attempt, key string, ttl time.Duration) (*Lease, error) {
-	res, err := a.conn.ExecContext(ctx, "SET SESSION wait_timeout = "+strconv.FormatInt(waitTimeout(ttl), 10)+"; "+l.tokenSQL(a.lock))
+	res, err := a.conn.ExecContext(ctx, "SET SESSION autocommit = 1, wait_timeout = "+strconv.FormatInt(waitTimeout(ttl), 10)+"; "+l.tokenSQL(a.lock))
 	var token int64
 	if err == nil {
 		token, err = res.LastInsertId()
