@@ -7,8 +7,9 @@ import (
 )
 
 // BenchmarkTryAcquireRelease is one uncontended holding: TryAcquire
-// (GET_LOCK, then wait_timeout and the token) and Release (RELEASE_LOCK,
-// and the connection closed). ns/op is the pair's latency.
+// (GET_LOCK, then wait_timeout and the token's committed INSERT) and
+// Release (RELEASE_LOCK and wait_timeout back, the connection back to the
+// pool). ns/op is the pair's latency.
 func BenchmarkTryAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	l := newTestLocker(b, nil)

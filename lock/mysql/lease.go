@@ -358,9 +358,11 @@ const releaseTimeout = 5 * time.Second
 
 // Release stops the watchdog, if any, unlocks the lock (RELEASE_LOCK,
 // which frees only a lock of this session: it returns 0 for another
-// session's and NULL for a lock nobody holds), and closes the lease's
-// connection; a waiting Acquire anywhere is granted the lock by the
-// server at once. It returns an error wrapping [herd.ErrLeaseLost] when
+// session's and NULL for a lock nobody holds), and, in the same
+// statement, sets the session's wait_timeout back to what it was before
+// the lease; the connection then goes back to the Locker's idle
+// connections (or is closed when they are full, or the Locker is). A
+// waiting Acquire anywhere is granted the lock by the server at once. It returns an error wrapping [herd.ErrLeaseLost] when
 // the lease was already lost (its session ended, so the server had freed
 // the lock and another owner may hold it now, which Release leaves
 // alone) or when RELEASE_LOCK found the session no longer holding it.

@@ -118,3 +118,21 @@ func TestAutocommitOff(t *testing.T) {
 		t.Errorf("tokens %d then %d: not increasing", first.Token(), next.Token())
 	}
 }
+
+// TestCustomTable: Options.Table names the fence table, database.table
+// with a dot; the Locker creates it and takes its tokens there.
+func TestCustomTable(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	l := newTestLocker(t, &Options{Table: cfg.DBName + ".my fence"})
+	name := testName(t)
+	lease, err := l.TryAcquire(ctx, name, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	var token uint64
+	if err := testDB(t).QueryRowContext(ctx, "SELECT token FROM `my fence` WHERE name = ?", lockName(name)).Scan(&token); err != nil || token != lease.Token() {
+		t.Errorf("the custom fence table's token: %d, %v; want %d", token, err, lease.Token())
+	}
+}

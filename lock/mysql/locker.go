@@ -242,7 +242,7 @@ func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc
 // two round trips when it wins (GET_LOCK, then the session's wait_timeout
 // and the token in one multi-statement) and one when the lock is held,
 // plus a connect when the Locker has no idle connection left (the winner
-// keeps its connection); the Locker's first attempt also creates the
+// keeps its connection until Release); the Locker's first attempt also creates the
 // fence table if it is missing. Any string but the empty one is a valid
 // key ([herd.ErrInvalidKey]); ttl must be between 10ms and 365 days
 // ([herd.ErrInvalidTTL]). A database error is returned wrapped, and after
