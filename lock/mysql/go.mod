@@ -2,11 +2,6 @@ module github.com/herdkit/herd/lock/mysql
 
 go 1.26.0
 
-// Development inside herd's repository: use the herd next to this module.
-// A program that imports this module from outside requires a published
-// herd version instead, and has no replace directive.
-replace github.com/herdkit/herd => ../..
-
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
@@ -23,3 +18,8 @@ require (
 	golang.org/x/sys v0.48.0 // indirect
 	pgregory.net/rapid v1.3.0 // indirect
 )
+
+// Development inside herd's repository: use the herd next to this module.
+// A program that imports this module from outside requires a published
+// herd version instead, and has no replace directive.
+replace github.com/herdkit/herd => ../..
