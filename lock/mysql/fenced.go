@@ -1,0 +1,216 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/herdkit/herd"
+)
+
+// DB is what [FencedTable] writes through: a *sql.DB, a *sql.Conn or a
+// *sql.Tx of go-sql-driver/mysql.
+type DB interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// FencedTable makes writes to a table whose rows carry a fence column
+// conditional on a fencing token: a write lands only when its token is
+// newer (strictly higher) than the last one accepted for that row, and
+// sets the row's fence to it. This is the downstream half of a lock used
+// for correctness: a holder that paused past its lease (a GC pause, a
+// stalled VM) and wakes up believing it still holds the lock has an older
+// token than the holder that took over, and its late write is refused,
+// whatever lock handed the tokens out ([Locker], or herd's other locks).
+//
+// The table is the caller's, with a unique key column and a BIGINT fence
+// column (NOT NULL DEFAULT 0 for rows written without a token). A write
+// is one statement:
+//
+//	UPDATE t SET col = ?, ..., fence = ? WHERE id = ? AND fence < ?
+//
+// which either changes the whole row or nothing. Its affected-row count
+// is the same with and without the clientFoundRows DSN option (a row
+// that matches gets a new fence, so it changes), and it alone tells a
+// write from a refusal; a refusal is then told apart from a missing row
+// by a read of the row's fence. [FencedTable.Upsert] adds the insert
+// path as a plain INSERT when the UPDATE found nothing to write, so it
+// never depends on the counts of INSERT ... ON DUPLICATE KEY UPDATE,
+// which clientFoundRows changes. Because the token must be strictly
+// higher, each holding writes a row once: make the changes of one
+// holding to one row in one call (or inside one transaction of your own,
+// with a *sql.Tx as the DB).
+//
+// A FencedTable is a value with no state; it is safe for concurrent use.
+type FencedTable struct {
+	// Table is the table's name; a dot separates database and table.
+	// Each part is quoted as an identifier.
+	Table string
+	// ID is the key column. Default: "id".
+	ID string
+	// Fence is the fence column. Default: "fence".
+	Fence string
+}
+
+func (f FencedTable) names() (table, id, fence string) {
+	id, fence = f.ID, f.Fence
+	if id == "" {
+		id = "id"
+	}
+	if fence == "" {
+		fence = "fence"
+	}
+	return tableIdent(f.Table), ident(id), ident(fence)
+}
+
+// columns returns set's column names, sorted (the statement's text is the
+// same for the same columns), with their values in that order.
+func columns(set map[string]any) ([]string, []any, error) {
+	cols := make([]string, 0, len(set))
+	for c := range set {
+		if c == "" {
+			return nil, nil, errors.New("an empty column name")
+		}
+		cols = append(cols, c)
+	}
+	slices.Sort(cols)
+	vals := make([]any, len(cols))
+	for i, c := range cols {
+		vals[i] = set[c]
+	}
+	return cols, vals, nil
+}
+
+func (f FencedTable) check(token uint64, set map[string]any) error {
+	if f.Table == "" {
+		return errors.New("FencedTable.Table is empty")
+	}
+	if token == 0 || token > math.MaxInt64 {
+		return fmt.Errorf("token %d out of range: the fence column is a BIGINT, and tokens start at 1", token)
+	}
+	if len(set) == 0 {
+		return errors.New("no column to set")
+	}
+	id, fence := f.ID, f.Fence
+	for c := range set {
+		if c == id || c == fence || (id == "" && c == "id") || (fence == "" && c == "fence") {
+			return fmt.Errorf("column %q is the key or the fence: it cannot be set", c)
+		}
+	}
+	return nil
+}
+
+// update runs the fenced UPDATE and reports whether it wrote the row.
+func (f FencedTable) update(ctx context.Context, db DB, id any, token uint64, cols []string, vals []any) (bool, error) {
+	table, idCol, fenceCol := f.names()
+	var b strings.Builder
+	b.WriteString("UPDATE " + table + " SET ")
+	for _, c := range cols {
+		b.WriteString(ident(c) + " = ?, ")
+	}
+	b.WriteString(fenceCol + " = ? WHERE " + idCol + " = ? AND " + fenceCol + " < ?")
+	args := append(append(vals[:len(vals):len(vals)], int64(token)), id, int64(token))
+	res, err := db.ExecContext(ctx, b.String(), args...)
+	if err != nil {
+		return false, err
+	}
+	n, err := res.RowsAffected()
+	return n > 0, err
+}
+
+// Update sets the columns in set on the row whose key is id, and its fence
+// to token, only when the row's fence is below token. It returns nil when
+// the row was written; an error wrapping [herd.ErrFenced] when the row's
+// fence is at or above token (a newer holder has written it: nothing
+// changed); an error wrapping [herd.ErrNotFound] when there is no such
+// row; a database error wrapped. An invalid call (an empty Table, no
+// column, the key or the fence among the columns, a token of 0 or above
+// 2^63−1) is an error, and nothing is sent. It runs one statement when
+// it writes and two when it does not.
+func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
+	if err := f.check(token, set); err != nil {
+		return fmt.Errorf("herd: fenced update: %w", err)
+	}
+	cols, vals, err := columns(set)
+	if err != nil {
+		return fmt.Errorf("herd: fenced update: %w", err)
+	}
+	wrote, err := f.update(ctx, db, id, token, cols, vals)
+	if err != nil {
+		return fmt.Errorf("herd: fenced update of %s %v: %w", f.Table, id, err)
+	}
+	if wrote {
+		return nil
+	}
+	// Nothing written: tell a fenced row from a missing one. The read is
+	// a locking one, so that inside a transaction it sees the row the
+	// UPDATE saw, not the transaction's snapshot.
+	table, idCol, fenceCol := f.names()
+	var top int64
+	err = db.QueryRowContext(ctx, "SELECT "+fenceCol+" FROM "+table+" WHERE "+idCol+" = ? LOCK IN SHARE MODE", id).Scan(&top)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("%w: %s %v", herd.ErrNotFound, f.Table, id)
+	case err != nil:
+		return fmt.Errorf("herd: fenced update of %s %v: nothing written; reading its fence: %w", f.Table, id, err)
+	}
+	return fmt.Errorf("%w: %s %v: token %d is not above the row's fence %d", herd.ErrFenced, f.Table, id, token, top)
+}
+
+// Upsert is [FencedTable.Update] with an insert path: a missing row is
+// inserted with the columns in set and its fence at token; an existing one
+// is written only when its fence is below token. It returns nil when the
+// row was written and an error wrapping [herd.ErrFenced] when it was not
+// (the row exists with a fence at or above token). It needs a unique index
+// or primary key on the key column. It runs one statement when the row
+// exists and is written, two when it is inserted, and three when its
+// INSERT finds the row there (it is fenced, or another writer inserted
+// it after the UPDATE: the UPDATE runs again then, so a row inserted by
+// an older token in between is still overwritten).
+func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
+	if err := f.check(token, set); err != nil {
+		return fmt.Errorf("herd: fenced upsert: %w", err)
+	}
+	cols, vals, err := columns(set)
+	if err != nil {
+		return fmt.Errorf("herd: fenced upsert: %w", err)
+	}
+	table, idCol, fenceCol := f.names()
+	quoted := make([]string, len(cols))
+	params := make([]string, len(cols))
+	for i, c := range cols {
+		quoted[i] = ident(c)
+		params[i] = "?"
+	}
+	insert := "INSERT INTO " + table + " (" + idCol + ", " + fenceCol + ", " + strings.Join(quoted, ", ") + ") " +
+		"VALUES (?, ?, " + strings.Join(params, ", ") + ")"
+	for try := 0; ; try++ {
+		wrote, err := f.update(ctx, db, id, token, cols, vals)
+		if err != nil {
+			return fmt.Errorf("herd: fenced upsert of %s %v: %w", f.Table, id, err)
+		}
+		if wrote {
+			return nil
+		}
+		if try > 0 {
+			// The row exists (the INSERT said so) with a fence at or
+			// above token.
+			return fmt.Errorf("%w: %s %v: token %d is not above the row's fence", herd.ErrFenced, f.Table, id, token)
+		}
+		_, err = db.ExecContext(ctx, insert, append([]any{id, int64(token)}, vals...)...)
+		var myErr *mysql.MySQLError
+		switch {
+		case err == nil:
+			return nil
+		case errors.As(err, &myErr) && myErr.Number == 1062: // ER_DUP_ENTRY: the row exists
+		default:
+			return fmt.Errorf("herd: fenced upsert of %s %v: %w", f.Table, id, err)
+		}
+	}
+}
