@@ -81,9 +81,22 @@ var errYielded = errors.New("herd: the fill was given up")
 // Callers in one process that arrive while a Fill of theirs is running
 // wait for it rather than for Redis. Unlike Get, each call's Redis work is
 // its own: the local tier is the Fill registry, not a single-flight.
+//
+// With the near cache on ([Options.Near]), Begin answers from process
+// memory as Get does: a fresh copy is a *Hit (or ErrNotFound) with no
+// Redis call, and a near miss joins the key's one fill of this process.
 func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refresh func() LoadFunc) (*Hit, *Fill, error) {
 	if err := checkTTL(ttl); err != nil {
 		return nil, nil, err
+	}
+	if c.near != nil {
+		if e, ok := c.nearCopy(key); ok {
+			if err := ctx.Err(); err != nil {
+				return nil, nil, err
+			}
+			c.stats.nearHits.Add(1)
+			return c.nearBeginHit(ctx, key, e)
+		}
 	}
 	keys, err := makeKeys(c.cfg.Prefix, key)
 	if err != nil {
@@ -163,12 +176,24 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 // the key's local write count then: a local Fill whose value may predate a
 // write the caller saw is not its answer.
 func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.Duration, refresh func() LoadFunc, joined time.Time, writes uint64) (*Hit, *Fill, error) {
+	var pre *preRead
+	if c.near != nil {
+		e, err, done, p := c.nearLook(ctx, key, keys.value)
+		switch {
+		case done && err != nil:
+			return nil, nil, err
+		case done:
+			return c.nearBeginHit(ctx, key, e)
+		}
+		pre = p // the flight starts from the fill's read, as Get's does
+	}
 	timedOut := false
 	for round := 0; round < 3; round++ {
 		hit, err, waited := c.waitLocalFill(ctx, key, joined, writes)
 		if !waited {
 			break
 		}
+		pre = nil // read before a local Fill ended: the flight reads again
 		if errors.Is(err, errYielded) {
 			continue // its builder's caller left: look again
 		}
@@ -179,7 +204,7 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 		c.sig.lookup(key, OutcomeFollower) // waited for this process's Fill, whatever its end
 		return hit, nil, err
 	}
-	f := &flight{key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx}
+	f := &flight{key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx, pre: pre}
 	var val []byte
 	var err error
 	if timedOut {
@@ -195,6 +220,15 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 		return nil, nil, err
 	}
 	return &Hit{Value: bytes.Clone(val), Outcome: f.outcome, WrittenAt: f.env.writtenAt, Expires: f.env.softExp}, nil, nil
+}
+
+// nearBeginHit is Begin's answer from a near copy e of key.
+func (c *Cache) nearBeginHit(ctx context.Context, key string, e nearEntry) (*Hit, *Fill, error) {
+	val, err := c.nearAnswer(ctx, key, e.val, e.negative)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Hit{Value: val, Outcome: OutcomeHit, WrittenAt: e.writtenAt, Expires: e.softExp}, nil, nil
 }
 
 // waitLocalFill waits for a Fill of key that a caller in this process is

@@ -163,6 +163,8 @@ type nearEntry struct {
 	deadline int64     // the same instant as a mono() reading: a step of the wall clock does not move it
 	negative bool
 	epoch    uint64 // the flush epoch it was read in
+
+	writtenAt, softExp time.Time // the value's, for Begin's Hit
 }
 
 // near is a Cache's near cache.
@@ -471,25 +473,19 @@ func (c *Cache) nearWroteAll() {
 
 // nearResult is a fill's answer.
 type nearResult struct {
-	val      []byte // aliases the entry: copy before handing it out
-	negative bool
-	ok       bool     // a fresh value or negative entry was read
-	pre      *preRead // otherwise, the read for the flight (nil: none was made)
-	sent     int64    // mono() when the GET was sent
-	writes   uint64   // the key's local write count before the GET (see currency)
+	e      nearEntry // the value read (e.val aliases the stored entry: copy before handing it out)
+	ok     bool      // a fresh value or negative entry was read
+	pre    *preRead  // otherwise, the read for the flight (nil: none was made)
+	sent   int64     // mono() when the GET was sent
+	writes uint64    // the key's local write count before the GET (see currency)
 }
 
 // nearHit answers Get from process memory, before anything else of Get:
 // ok is false when there is no copy to serve (or the near cache is not
 // serving).
 func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error, ok bool) {
-	n := c.near
-	mono := n.mono()
-	if key == "" || !n.serving(mono) || c.closing.Load() {
-		return nil, nil, false
-	}
-	e, found := n.store.GetIfPresent(key)
-	if !found || !n.usable(e, mono) {
+	e, ok := c.nearCopy(key)
+	if !ok {
 		return nil, nil, false
 	}
 	if err := ctx.Err(); err != nil {
@@ -498,6 +494,18 @@ func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error,
 	c.stats.nearHits.Add(1)
 	val, err = c.nearAnswer(ctx, key, e.val, e.negative)
 	return val, err, true
+}
+
+// nearCopy returns the near copy of key that may be served now, if any
+// (e.val aliases the store: copy it).
+func (c *Cache) nearCopy(key string) (e nearEntry, ok bool) {
+	n := c.near
+	mono := n.mono()
+	if key == "" || !n.serving(mono) || c.closing.Load() {
+		return e, false
+	}
+	e, found := n.store.GetIfPresent(key)
+	return e, found && n.usable(e, mono)
 }
 
 // usable reports whether e may be served at mono (a mono() reading of
@@ -515,18 +523,29 @@ func (n *near) usable(e nearEntry, mono int64) bool {
 // (see hit.go); with pre nil, Get reads itself (the near cache is not
 // serving, or the fill's read is not current for this caller).
 func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err error, done bool, pre *preRead) {
+	e, err, done, pre := c.nearLook(ctx, key, vkey)
+	if !done || err != nil {
+		return nil, err, done, pre
+	}
+	val, err = c.nearAnswer(ctx, key, e.val, e.negative)
+	return val, err, true, nil
+}
+
+// nearLook is nearGet's lookup: with done and no err, e is the answer,
+// counted as a near hit but not yet as a lookup (e.val aliases the store:
+// copy it).
+func (c *Cache) nearLook(ctx context.Context, key, vkey string) (e nearEntry, err error, done bool, pre *preRead) {
 	n := c.near
 	mono := n.mono()
 	if !n.serving(mono) {
 		c.stats.nearBypassed.Add(1)
-		return nil, nil, false, nil
+		return e, nil, false, nil
 	}
 	id, _ := nearIDOfTag(vkey[len(c.cfg.Prefix)+2 : len(c.cfg.Prefix)+2+nearTagLen]) // P:{T}:v
 	if e, ok := n.store.GetIfPresent(key); ok && n.usable(e, mono) {
 		// A fill that ended since nearHit looked.
 		c.stats.nearHits.Add(1)
-		val, err := c.nearAnswer(ctx, key, e.val, e.negative)
-		return val, err, true, nil
+		return e, nil, true, nil
 	}
 	c.stats.nearMisses.Add(1)
 	entered, writes := n.mono(), c.writesOf(key)
@@ -536,29 +555,28 @@ func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err 
 	}
 	select {
 	case <-ctx.Done():
-		return nil, ctx.Err(), true, nil
+		return e, ctx.Err(), true, nil
 	case <-c.ctx.Done():
-		return nil, ErrClosed, true, nil
+		return e, ErrClosed, true, nil
 	case r := <-ch:
 		res := r.Val.(*nearResult)
 		if res.writes != writes {
 			// A write of this process returned after the GET may have
 			// been sent: read again.
-			return nil, nil, false, nil
+			return e, nil, false, nil
 		}
 		if !res.ok {
 			if res.sent < entered {
-				return nil, nil, false, nil // the flight would not take it for this caller
+				return e, nil, false, nil // the flight would not take it for this caller
 			}
-			return nil, nil, false, res.pre
+			return e, nil, false, res.pre
 		}
 		if entered-res.sent > int64(n.cfg.staleness) {
 			// Joined later than Staleness after the GET was sent: a
 			// write another process made in between may be missing.
-			return nil, nil, false, nil
+			return e, nil, false, nil
 		}
-		val, err := c.nearAnswer(ctx, key, res.val, res.negative)
-		return val, err, true, nil
+		return res.e, nil, true, nil
 	}
 }
 
@@ -659,8 +677,10 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 		h.beforeFill(key)
 	}
 	deadline := n.mono() + int64(exp.Sub(now))
-	n.insert(key, nearEntry{id: id, val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch}, snap)
-	res.val, res.negative, res.ok, res.pre = env.payload, env.negative, true, nil
+	e := nearEntry{id: id, val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch,
+		writtenAt: env.writtenAt, softExp: env.softExp}
+	n.insert(key, e, snap)
+	res.e, res.ok, res.pre = e, true, nil
 	return res
 }
 

@@ -720,18 +720,24 @@ func TestNearCommitInvalidates(t *testing.T) {
 
 	// This process's own commit drops its copy before Commit returns,
 	// with its subscriber blocked (the message cannot be what does it).
-	if err := a.Set(ctx, key, []byte("v4"), time.Minute); err != nil {
-		t.Fatal(err)
-	}
-	warm(t, b, key, "v4")
-	g := newGate()
-	setHooks(b, &nearHooks{receive: func(string, uint64, any, error) { g.pass() }})
-	g.close()
-	defer g.release()
+	// (Begin serves a near copy as Get does, so the copy of v4 is put in
+	// place while the Fill is open.)
 	rdb.Del(ctx, mustKeys(t, key).value)
 	_, fill, err = b.Begin(ctx, key, time.Minute, nil)
 	if err != nil || fill == nil {
 		t.Fatalf("Begin: %v, %v", fill, err)
+	}
+	g := newGate()
+	setHooks(b, &nearHooks{receive: func(string, uint64, any, error) { g.pass() }})
+	g.close()
+	defer g.release()
+	n := b.near
+	id := nearIDOf(key)
+	if !n.insert(key, nearEntry{id: id, val: []byte("v4"), expires: time.Now().Add(time.Hour), deadline: n.mono() + int64(time.Hour), epoch: n.epoch.Load(), softExp: time.Now().Add(time.Hour)}, n.snapshot(id)) {
+		t.Fatal("could not put a copy of v4 in place")
+	}
+	if got := getString(t, b, key); got != "v4" {
+		t.Fatalf("b before its Fill's Commit: %q, want its near copy v4", got)
 	}
 	if err := fill.Commit([]byte("v5"), time.Minute, 0); err != nil {
 		t.Fatal(err)
@@ -1289,5 +1295,96 @@ func TestNearDropRacesInsert(t *testing.T) {
 		if nearHas(c, key) {
 			t.Fatalf("round %d: a copy read before the drop stayed", i)
 		}
+	}
+}
+
+// TestNearBegin: Begin (the middleware's entry point) answers from the
+// near cache as Get does: one fill per key, then hits with no Redis
+// command and the value's own WrittenAt and Expires; a write in another
+// Cache (process) takes the copy away, and the next Begin builds again.
+func TestNearBegin(t *testing.T) {
+	srv := redistest.Start(t)
+	log := &cmdLog{}
+	rdbB := srv.Client(t)
+	rdbB.AddHook(log)
+	a := newTestCache(t, srv.Client(t), nil)
+	b := newNearCache(t, rdbB, NearOptions{}, nil)
+	ctx := context.Background()
+	const key = "page"
+	if err := a.Set(ctx, key, []byte("v1"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	begin := func() (*Hit, *Fill) {
+		t.Helper()
+		hit, fill, err := b.Begin(ctx, key, time.Hour, nil)
+		if err != nil {
+			t.Fatalf("Begin: %v", err)
+		}
+		return hit, fill
+	}
+	first, fill := begin()
+	if fill != nil || string(first.Value) != "v1" {
+		t.Fatalf("first Begin: hit %+v, fill %v; want the stored v1", first, fill)
+	}
+	waitFor(t, 5*time.Second, "Begin's fill to store a copy", func() bool {
+		if hit, fill := begin(); fill != nil || string(hit.Value) != "v1" {
+			t.Fatalf("Begin: hit %+v, fill %v; want the stored v1", hit, fill)
+		}
+		return nearHas(b, key)
+	})
+	log.take()
+	before := b.Stats().NearHits
+	for range 20 {
+		hit, fill := begin()
+		if fill != nil || string(hit.Value) != "v1" || hit.Outcome != OutcomeHit {
+			t.Fatalf("Begin from the near cache: hit %+v, fill %v", hit, fill)
+		}
+		if !hit.WrittenAt.Equal(first.WrittenAt) || !hit.Expires.Equal(first.Expires) {
+			t.Fatalf("near hit WrittenAt %v Expires %v, want the value's %v %v", hit.WrittenAt, hit.Expires, first.WrittenAt, first.Expires)
+		}
+		hit.Value[0] = 'X' // the caller's own copy
+	}
+	if cmds := log.take(); len(cmds) != 0 {
+		t.Errorf("20 near hits of Begin sent %v to Redis, want nothing", cmds)
+	}
+	if got := b.Stats().NearHits - before; got != 20 {
+		t.Errorf("NearHits grew by %d, want 20", got)
+	}
+
+	if err := a.Invalidate(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the invalidation to reach the near cache", func() bool { return !nearHas(b, key) })
+	hit, fill := begin()
+	if fill == nil {
+		t.Fatalf("Begin after another process's Invalidate: hit %+v, want a Fill", hit)
+	}
+	if err := fill.Commit([]byte("v2"), time.Hour, 0); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "a Begin served v2", func() bool {
+		hit, fill := begin()
+		if fill != nil {
+			fill.Abort(nil)
+			return false
+		}
+		return string(hit.Value) == "v2"
+	})
+	waitFor(t, 5*time.Second, "the copy of v2", func() bool { return nearHas(b, key) })
+
+	// Negative entries: Begin reports ErrNotFound from memory.
+	if _, err := a.Get(ctx, "gone", time.Hour, func(context.Context) ([]byte, error) { return nil, ErrNotFound }); !errors.Is(err, ErrNotFound) {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the negative copy", func() bool {
+		_, _, err := b.Begin(ctx, "gone", time.Hour, nil)
+		return errors.Is(err, ErrNotFound) && nearHas(b, "gone")
+	})
+	log.take()
+	if _, _, err := b.Begin(ctx, "gone", time.Hour, nil); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Begin of a negative near copy: %v, want ErrNotFound", err)
+	}
+	if cmds := log.take(); len(cmds) != 0 {
+		t.Errorf("a negative near hit of Begin sent %v", cmds)
 	}
 }
