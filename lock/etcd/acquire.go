@@ -236,6 +236,9 @@ func (w *waiter) renew(ctx context.Context) error {
 // is still there, the key just before the waiter's: w.pred is then that
 // key, or "" when the waiter is at the head of the queue.
 func (w *waiter) check(ctx context.Context) error {
+	if w.l.checked != nil {
+		w.l.checked()
+	}
 	rctx, cancel := w.l.request(ctx)
 	defer cancel()
 	resp, err := w.l.cli.Txn(rctx).

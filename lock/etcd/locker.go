@@ -113,6 +113,8 @@ type Locker struct {
 	mu     sync.Mutex // guards closed against calls starting
 	closed bool
 	calls  sync.WaitGroup // running calls
+
+	checked func() // a test's hook: called before each re-check of a waiter
 }
 
 // New returns a Locker on cli's etcd cluster. It sends nothing until it
