@@ -441,3 +441,23 @@ func TestExtendLonger(t *testing.T) {
 		t.Errorf("the new etcd lease: %+v, %v; want a TTL of 5s", ttl, err)
 	}
 }
+
+// TestReleaseLeavesLostOpen: Release deletes the lease's key, which the
+// lease's own watch sees, and Lost stays open all the same.
+func TestReleaseLeavesLostOpen(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocker(t, nil, nil)
+	lease, err := l.TryAcquire(ctx, testName(t), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease.KeepAlive(0)
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Release waited for the watch's goroutine to end: had it closed Lost
+	// on the deletion, it would be closed now.
+	if isClosed(lease.Lost()) {
+		t.Error("Release closed Lost")
+	}
+}

@@ -161,12 +161,14 @@ func (l *Lease) monitor(ctx context.Context, from int64) {
 }
 
 // lose marks the lease lost: it closes Lost, stops the expiry timer and
-// the monitor and, unless the lease was released, revokes its etcd lease,
-// so that the next owner need not wait for the server's TTL (a no-op
-// when the server ended it already). Only the first call does anything.
+// the monitor, and revokes the lease's etcd lease, so that the next owner
+// need not wait for the server's TTL (a no-op when the server ended it
+// already). Only the first call does anything, and none after Release
+// was called: Release does not close Lost (its own deletion of the key
+// reaches the monitor too).
 func (l *Lease) lose() {
 	l.mu.Lock()
-	if l.isLost {
+	if l.isLost || l.released {
 		l.mu.Unlock()
 		return
 	}
@@ -174,15 +176,11 @@ func (l *Lease) lose() {
 	close(l.lost)
 	l.expiry.Stop()
 	l.stopMon()
-	id, revoke := l.id, !l.released
-	if revoke {
-		l.bg.Add(1) // under mu, before Release can wait for it
-	}
+	id := l.id
+	l.bg.Add(1) // under mu, before Release can wait for it
 	l.mu.Unlock()
-	if revoke {
-		defer l.bg.Done()
-		l.locker.revoke(id)
-	}
+	defer l.bg.Done()
+	l.locker.revoke(id)
 }
 
 // Extend gives the lease ttl from now: it renews the lease's etcd lease
