@@ -291,9 +291,8 @@ func TestServerOutage(t *testing.T) {
 	s := startServer(t)
 	name := testName(t)
 	const ttl = 2 * time.Second
-	opt := &Options{Timeout: 500 * time.Millisecond}
-	a := newTestLocker(t, s.Endpoints(), opt)
-	b := newTestLocker(t, s.Endpoints(), nil)
+	a := newTestLocker(t, s.Endpoints(), &Options{Timeout: 500 * time.Millisecond})
+	b := newTestLocker(t, s.Endpoints(), &Options{MaxWait: 10 * ttl})
 	held, err := a.TryAcquire(ctx, name, ttl)
 	if err != nil {
 		t.Fatal(err)
