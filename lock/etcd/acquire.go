@@ -87,8 +87,8 @@ type waiter struct {
 	seen    int64            // the revision at which pred was read
 }
 
-// run queues and waits until the waiter holds the lock.
-// ctx is the caller's, ended by Close too.
+// run queues and waits until the waiter holds the lock. ctx is the
+// caller's, ended by Close too.
 func (w *waiter) run(ctx context.Context) (*Lease, error) {
 	for {
 		if err := w.enqueue(ctx); err != nil {
@@ -187,6 +187,7 @@ func (w *waiter) wait(ctx context.Context) (*Lease, error) {
 			}
 		}
 		stopWatch()
+		retry.Stop()
 		if err := w.check(ctx); err != nil {
 			if errors.Is(err, errGone) || ctx.Err() != nil {
 				return nil, err
