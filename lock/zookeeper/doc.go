@@ -1,0 +1,2 @@
+// Package zookeeper is herd's lock in ZooKeeper.
+package zookeeper
