@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/herdkit/herd"
-	"github.com/herdkit/herd/locktest"
 	"github.com/herdkit/herd/lock/zookeeper/zktest"
+	"github.com/herdkit/herd/locktest"
 )
 
 // TestConformance runs herd's lock conformance suite on the Locker. Each

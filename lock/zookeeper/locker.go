@@ -404,6 +404,9 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wa
 	a := &attempt{l: l, s: s, name: name, parent: l.parent(name), ttl: ttl}
 	lease, err := a.run(bctx, wait)
 	if !stop() || err != nil {
+		if err == nil {
+			err = context.Cause(bctx) // it ended as the attempt won
+		}
 		if lease != nil {
 			lease.abandon()
 			lease = nil

@@ -36,6 +36,7 @@ type session struct {
 	dialFails int    // consecutive failed dials
 	down      func() // the holding lease's loss handler
 	closing   bool
+	everUp    bool // the session was established once
 
 	closeOnce sync.Once
 	closed    chan struct{} // zk's goroutines have ended
@@ -80,6 +81,9 @@ func (s *session) event(ev zk.Event) {
 	}
 	s.mu.Lock()
 	s.state = ev.State
+	if ev.State == zk.StateHasSession {
+		s.everUp = true
+	}
 	s.notify()
 	var down func()
 	if ev.State == zk.StateDisconnected || ev.State == zk.StateExpired {
@@ -97,12 +101,16 @@ func (s *session) notify() {
 	s.changed = make(chan struct{})
 }
 
-// await waits until the session is established, for at most one failed
-// dial per server (then it returns the dial error) and until ctx ends.
+// await waits until the session is established, until ctx ends, and, for
+// a session that was never established, for at most one failed dial per
+// server (then it returns the dial error).
 func (s *session) await(ctx context.Context) error {
 	for {
 		s.mu.Lock()
 		st, ch, fails, derr, closing := s.state, s.changed, s.dialFails, s.dialErr, s.closing
+		if s.everUp {
+			fails = 0 // a waiter's session: wait for zk to reconnect
+		}
 		s.mu.Unlock()
 		switch {
 		case closing:

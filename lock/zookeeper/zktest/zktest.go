@@ -89,12 +89,12 @@ func paths() (java, classPath string, err error) {
 // Server is a running standalone ZooKeeper server. Its methods are safe
 // for concurrent use.
 type Server struct {
-	dir       string
-	java, cp  string
-	port      int
-	mu        sync.Mutex
-	cmd       *exec.Cmd
-	exited    chan struct{}
+	dir      string
+	java, cp string
+	port     int
+	mu       sync.Mutex
+	cmd      *exec.Cmd
+	exited   chan struct{}
 }
 
 // Start starts a server with its data, configuration and log in dir

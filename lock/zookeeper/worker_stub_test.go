@@ -1,3 +1,0 @@
-package zookeeper
-
-func runWorker(role string) int { return 1 }
