@@ -114,9 +114,10 @@ func (l *Lease) Key() string { return l.name }
 func (l *Lease) Node() string { return l.node }
 
 // Deadline returns the local time until which the lease is known valid,
-// even if this process stops: the start of the acquire or of the last
-// successful renewal (a request the server answered on the lease's
-// session) plus the lesser of the lease length and the session timeout,
+// even if this process stops: the start of the acquire (of the call, or,
+// for an Acquire that waited, of its last look at the queue) or of the
+// last successful renewal (a request the server answered on the lease's
+// session), plus the lesser of the lease length and the session timeout,
 // less an allowance for clock drift (1% + 2ms). The server cannot expire
 // the session sooner. An Extend for longer than the session timeout moves
 // the lease's own end, when Lost closes, past Deadline: the session still

@@ -290,11 +290,12 @@ func (l *Locker) session(ctx context.Context, ttl time.Duration) (*session, erro
 			continue
 		}
 		l.idle = append(l.idle[:i], l.idle[i+1:]...)
+		l.idleMu.Unlock()
 		if _, _, up := s.info(); up {
-			l.idleMu.Unlock()
 			return s, nil
 		}
-		go s.close()
+		s.close()
+		l.idleMu.Lock()
 		break
 	}
 	l.idleMu.Unlock()
@@ -306,7 +307,10 @@ func (l *Locker) session(ctx context.Context, ttl time.Duration) (*session, erro
 		s.close()
 		return nil, err
 	}
-	if _, got, _ := s.info(); got != ttl {
+	if _, got, _ := s.info(); got == 0 {
+		s.close()
+		return nil, errors.New("the server's connect response carried no session timeout")
+	} else if got != ttl {
 		s.close()
 		l.learn(ttl, got)
 		return nil, l.rangeErr(ttl, got)
@@ -392,6 +396,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wa
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("herd: acquire %q: %w", name, err)
 	}
+	start := time.Now()
 	bctx, cancel := l.bound(ctx)
 	defer cancel()
 	s, err := l.session(bctx, ttl)
@@ -401,7 +406,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wa
 	// A context that ends, or Close, closes the session: a request in
 	// flight returns at once, and the server deletes the node.
 	stop := context.AfterFunc(bctx, s.close)
-	a := &attempt{l: l, s: s, name: name, parent: l.parent(name), ttl: ttl}
+	a := &attempt{l: l, s: s, name: name, parent: l.parent(name), ttl: ttl, start: start}
 	lease, err := a.run(bctx, wait)
 	if !stop() || err != nil {
 		if err == nil {
@@ -440,7 +445,10 @@ type attempt struct {
 	name   string
 	parent string
 	ttl    time.Duration
-	node   string // the full path of its node, "" before it is created
+	node   string    // the full path of its node, "" before it is created
+	start  time.Time // the lease starts no later: see run
+	mark   string    // the _c_<guid>- prefix of its node's name
+	unsure bool      // a create's outcome is unknown: look for mark first
 }
 
 // give ends an attempt that did not win: it deletes the node and keeps
@@ -476,6 +484,10 @@ func (a *attempt) run(ctx context.Context, wait bool) (*Lease, error) {
 	defer recheck.Stop()
 	// pause waits for ev, a change of the session's state, the re-check,
 	// or the end of the wait.
+	//
+	// The lease's length counts from a.start: the call's start, or, after
+	// a pause, the start of the next look at the queue, which comes before
+	// the lock can have become this attempt's.
 	pause := func(ev <-chan zk.Event) error {
 		recheck.Reset(jitter(a.l.cfg.recheck))
 		select {
@@ -487,6 +499,7 @@ func (a *attempt) run(ctx context.Context, wait bool) (*Lease, error) {
 		case <-a.s.changes():
 		case <-recheck.C:
 		}
+		a.start = time.Now()
 		return nil
 	}
 	for {
@@ -565,9 +578,8 @@ func (a *attempt) maxWait() time.Duration {
 
 // win turns the lowest node into a lease: an exists with a watch on it
 // gives its czxid (the token) and proves the session alive at the server
-// after the request's start. It returns nil, nil when the node vanished.
+// after a.start. It returns nil, nil when the node vanished.
 func (a *attempt) win() (*Lease, error) {
-	start := time.Now()
 	ok, stat, ev, err := a.s.conn.ExistsW(a.node)
 	if err != nil {
 		return nil, err
@@ -581,24 +593,43 @@ func (a *attempt) win() (*Lease, error) {
 		a.l.learn(a.ttl, timeout)
 		return nil, a.l.rangeErr(a.ttl, timeout)
 	}
-	return newLease(a, uint64(stat.Czxid), stat.Version, ev, start)
+	return newLease(a, uint64(stat.Czxid), stat.Version, ev, a.start)
 }
 
 // create creates the attempt's node, an ephemeral sequential child of the
 // parent named _c_<guid>-lock-<sequence>. When the connection is lost
 // before the reply, the server may have created it: the attempt then
 // looks for its GUID among the children (the protected-node trick of
-// ZooKeeper's recipes) once the session is back. A missing parent (the
-// first use of the name, or a container the server removed when it was
-// empty) is created.
+// ZooKeeper's recipes) once the session is back, before it creates
+// anything, however many tries that takes. A missing parent (the first
+// use of the name, or a container the server removed when it was empty)
+// is created.
 func (a *attempt) create(ctx context.Context) error {
-	var g [16]byte
-	_, _ = cryptorand.Read(g[:])
-	mark := "_c_" + hex.EncodeToString(g[:]) + "-"
+	if a.mark == "" {
+		var g [16]byte
+		_, _ = cryptorand.Read(g[:])
+		a.mark = "_c_" + hex.EncodeToString(g[:]) + "-"
+	}
 	var err error
 	for try := 0; try < 5; try++ {
+		if a.unsure {
+			if err = a.s.await(ctx); err != nil {
+				return err
+			}
+			children, _, err := a.s.conn.Children(a.parent)
+			if err != nil && !errors.Is(err, zk.ErrNoNode) {
+				return err // still unsure: the next call looks again
+			}
+			a.unsure = false
+			for _, c := range children {
+				if strings.HasPrefix(c, a.mark) {
+					a.node = a.parent + "/" + c
+					return nil
+				}
+			}
+		}
 		var p string
-		p, err = a.s.conn.Create(a.parent+"/"+mark+"lock-", nil, zk.FlagEphemeral|zk.FlagSequence, a.l.cfg.acl)
+		p, err = a.s.conn.Create(a.parent+"/"+a.mark+"lock-", nil, zk.FlagEphemeral|zk.FlagSequence, a.l.cfg.acl)
 		switch {
 		case err == nil:
 			a.node = p
@@ -613,19 +644,7 @@ func (a *attempt) create(ctx context.Context) error {
 				return err
 			}
 		case isConnErr(err):
-			if err = a.s.await(ctx); err != nil {
-				return err
-			}
-			children, _, cerr := a.s.conn.Children(a.parent)
-			if cerr != nil {
-				return cerr
-			}
-			for _, c := range children {
-				if strings.HasPrefix(c, mark) {
-					a.node = a.parent + "/" + c
-					return nil
-				}
-			}
+			a.unsure = true
 		default:
 			return fmt.Errorf("create the lock node: %w", err)
 		}
