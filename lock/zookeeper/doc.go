@@ -141,7 +141,11 @@
 //     session is kept idle, a session close: two more writes to the
 //     ensemble's log.
 //   - The lease length is limited to the servers' session timeouts, in
-//     whole milliseconds.
+//     whole milliseconds. A short one is fragile: zk gives up on a
+//     connection that has been silent for two thirds of the session
+//     timeout, so a lease of 300ms is lost whenever a ping's answer takes
+//     200ms (a loaded host, a GC pause, a slow fsync on the server).
+//     Prefer seconds.
 //   - A connection loss loses every lease on it, even when ZooKeeper keeps
 //     the session: a ZooKeeper server's restart ends the leases of its
 //     clients.
