@@ -479,8 +479,18 @@
 //     database: FencedTable of github.com/herdkit/herd/lock/postgres),
 //     whichever lock you use.
 //   - One database and no new infrastructure: the PostgreSQL lock of
-//     github.com/herdkit/herd/lock/postgres, whose lease the server frees
-//     when its session ends, with tokens as durable as the database.
+//     github.com/herdkit/herd/lock/postgres, or the MySQL/MariaDB lock of
+//     github.com/herdkit/herd/lock/mysql, whose lease the server frees
+//     when its session ends or stays silent for the lease length, with
+//     tokens as durable as the database.
+//   - Strong consistency (CP: every acquire and release committed by a
+//     majority, no lock lost to a failover): etcd
+//     (github.com/herdkit/herd/lock/etcd) or ZooKeeper
+//     (github.com/herdkit/herd/lock/zookeeper), released with the
+//     holder's session; still fence the writes, since a paused holder
+//     wakes up believing it holds the lock.
+//
+// docs/locks.md compares the styles with measured latencies.
 //
 // # Keys
 //
