@@ -101,7 +101,8 @@
 //     a value Redis could not check (Redis unreachable, a failed commit)
 //     is held back only from callers after a write made in the same
 //     process; another process's writes cannot be seen without Redis.
-//     With the near cache on ([Options.Near]) a Get or Fetch keeps this
+//     With the near cache on ([Options.Near]) a Get, Fetch, GetMany or
+//     Begin keeps this
 //     promise for the writes of its own process, and for another
 //     process's once [NearOptions.Staleness] has passed since the write
 //     returned (see "Near cache").
@@ -216,9 +217,10 @@
 // # Near cache
 //
 // [Options.Near] keeps fresh values (and negative entries) in process
-// memory, in front of Redis: a near hit costs no round trip. [Cache.Get]
-// and [Fetch] use it; [Cache.Begin] (and so the HTTP middleware),
-// [Cache.GetMany] and [Cache.Peek] do not. The store is
+// memory, in front of Redis: a near hit costs no round trip. [Cache.Get],
+// [Fetch], [Cache.GetMany], [FetchMany] and [Cache.Begin] (and so the
+// HTTP middleware) use it; [Cache.Peek] does not (it promises every write
+// that returned before it, in any process). The store is
 // github.com/maypok86/otter/v2, bounded by [NearOptions.MaxEntries] or
 // [NearOptions.MaxBytes]; each caller gets its own copy of the bytes. A
 // near miss reads Redis once per key and process, whatever the number of

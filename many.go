@@ -361,6 +361,24 @@ type readReply struct {
 // can: fresh values, and stale ones (a refresh starts).
 func (m *manyCall) read(ctx context.Context) {
 	c := m.c
+	n := c.near
+	if n != nil {
+		// Near copies first, as Get's: no Redis for those keys.
+		todo := m.todo[:0]
+		for _, k := range m.todo {
+			if e, ok := c.nearCopy(k.key); ok {
+				c.stats.nearHits.Add(1)
+				val, err := c.nearAnswer(ctx, k.key, e.val, e.negative)
+				m.answer(k.key, val, err)
+				continue
+			}
+			todo = append(todo, k)
+		}
+		m.todo = todo
+		if len(todo) == 0 {
+			return
+		}
+	}
 	if !c.brk.allow() {
 		for _, k := range m.todo {
 			k.down = errBreakerOpen
@@ -370,6 +388,13 @@ func (m *manyCall) read(ctx context.Context) {
 	names := make([]string, len(m.todo))
 	for i, k := range m.todo {
 		names[i] = k.vkey
+	}
+	var snaps []nearSnap // the near cache's state before the read, per key
+	if n != nil {
+		snaps = make([]nearSnap, len(m.todo))
+		for i, k := range m.todo {
+			snaps[i] = n.snapshot(c.nearIDOfValueKey(k.vkey))
+		}
 	}
 	sent := time.Now()
 	replies, err := leaveOnDone(ctx, c.track, func() ([]readReply, error) {
@@ -402,7 +427,15 @@ func (m *manyCall) read(ctx context.Context) {
 		}
 		o, fresh, due := c.freshHit(k.key, k.vkey, env)
 		if fresh {
-			// As Get's hit path: a fresh value or negative entry, counted.
+			// As Get's hit path: a fresh value or negative entry, counted,
+			// and copied to the near cache as a near fill would (refused
+			// if a drop or flush came since the snapshot).
+			if n != nil && snaps[i].live {
+				if e, ok := c.nearEntryOf(c.nearIDOfValueKey(k.vkey), env, snaps[i]); ok {
+					e.val = bytes.Clone(e.val) // the caller gets env.payload itself
+					n.insert(k.key, e, snaps[i])
+				}
+			}
 			if o == OutcomeNegative {
 				m.answer(k.key, nil, ErrNotFound)
 			} else {

@@ -541,7 +541,7 @@ func (c *Cache) nearLook(ctx context.Context, key, vkey string) (e nearEntry, er
 		c.stats.nearBypassed.Add(1)
 		return e, nil, false, nil
 	}
-	id, _ := nearIDOfTag(vkey[len(c.cfg.Prefix)+2 : len(c.cfg.Prefix)+2+nearTagLen]) // P:{T}:v
+	id := c.nearIDOfValueKey(vkey)
 	if e, ok := n.store.GetIfPresent(key); ok && n.usable(e, mono) {
 		// A fill that ended since nearHit looked.
 		c.stats.nearHits.Add(1)
@@ -655,16 +655,8 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 		return res
 	}
 	res.pre.env, res.pre.ok = env, true
-	now := c.now()
-	exp := now.Add(n.cfg.maxAge)
-	soft := env.softExp
-	if c.cfg.EarlyRefresh > 0 && !env.negative {
-		soft = soft.Add(-time.Duration(nearRefreshWindow * c.cfg.EarlyRefresh * float64(env.delta)))
-	}
-	if soft.Before(exp) {
-		exp = soft
-	}
-	if env.pass || !now.Before(exp) {
+	e, ok := c.nearEntryOf(id, env, snap)
+	if !ok {
 		return res // stale, a pass mark, or where XFetch may refresh: the flight decides
 	}
 	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.fence, env.delta)
@@ -676,12 +668,39 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 	if h := n.hooks.Load(); h != nil && h.beforeFill != nil {
 		h.beforeFill(key)
 	}
-	deadline := n.mono() + int64(exp.Sub(now))
-	e := nearEntry{id: id, val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch,
-		writtenAt: env.writtenAt, softExp: env.softExp}
 	n.insert(key, e, snap)
 	res.e, res.ok, res.pre = e, true, nil
 	return res
+}
+
+// nearEntryOf is the near copy of env, just read for the key whose ID is
+// id after snap was taken: it lives MaxAge from now, and never past the
+// value's fresh period (less the early-refresh window). ok is false for
+// a value that must not be copied: a pass mark, or one past that end.
+func (c *Cache) nearEntryOf(id nearID, env envelope, snap nearSnap) (e nearEntry, ok bool) {
+	n := c.near
+	now := c.now()
+	exp := now.Add(n.cfg.maxAge)
+	soft := env.softExp
+	if c.cfg.EarlyRefresh > 0 && !env.negative {
+		soft = soft.Add(-time.Duration(nearRefreshWindow * c.cfg.EarlyRefresh * float64(env.delta)))
+	}
+	if soft.Before(exp) {
+		exp = soft
+	}
+	if env.pass || !now.Before(exp) {
+		return e, false
+	}
+	deadline := n.mono() + int64(exp.Sub(now))
+	return nearEntry{id: id, val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch,
+		writtenAt: env.writtenAt, softExp: env.softExp}, true
+}
+
+// nearIDOfValueKey is the ID of the key whose value's Redis name is vkey
+// (P:{T}:v).
+func (c *Cache) nearIDOfValueKey(vkey string) nearID {
+	id, _ := nearIDOfTag(vkey[len(c.cfg.Prefix)+2 : len(c.cfg.Prefix)+2+nearTagLen])
+	return id
 }
 
 // close stops the subscriber goroutines and empties the near cache. Near

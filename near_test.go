@@ -1370,7 +1370,12 @@ func TestNearBegin(t *testing.T) {
 		}
 		return string(hit.Value) == "v2"
 	})
-	waitFor(t, 5*time.Second, "the copy of v2", func() bool { return nearHas(b, key) })
+	waitFor(t, 5*time.Second, "the copy of v2", func() bool {
+		if hit, fill := begin(); fill != nil || string(hit.Value) != "v2" {
+			t.Fatalf("Begin after the commit of v2: hit %+v, fill %v", hit, fill)
+		}
+		return nearHas(b, key)
+	})
 
 	// Negative entries: Begin reports ErrNotFound from memory.
 	if _, err := a.Get(ctx, "gone", time.Hour, func(context.Context) ([]byte, error) { return nil, ErrNotFound }); !errors.Is(err, ErrNotFound) {
@@ -1386,5 +1391,71 @@ func TestNearBegin(t *testing.T) {
 	}
 	if cmds := log.take(); len(cmds) != 0 {
 		t.Errorf("a negative near hit of Begin sent %v", cmds)
+	}
+}
+
+// TestNearGetMany: GetMany answers from near copies with no Redis
+// command, copies the fresh values its MGET read (so a service that only
+// reads in batches gets the near cache too), hands the caller its own
+// bytes (mutating them leaves the copy as it was), and a write in another
+// Cache (process) takes a copy away.
+func TestNearGetMany(t *testing.T) {
+	srv := redistest.Start(t)
+	log := &cmdLog{}
+	rdbB := srv.Client(t)
+	rdbB.AddHook(log)
+	a := newTestCache(t, srv.Client(t), nil)
+	b := newNearCache(t, rdbB, NearOptions{}, nil)
+	ctx := context.Background()
+	keys := []string{"m1", "m2", "m3"}
+	for _, k := range keys {
+		if err := a.Set(ctx, k, []byte("v-"+k), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noLoad := func(context.Context, []string) (map[string][]byte, error) {
+		t.Error("a batch of stored keys called the loader")
+		return nil, nil
+	}
+	many := func() map[string][]byte {
+		t.Helper()
+		got, err := b.GetMany(ctx, keys, time.Hour, noLoad)
+		if err != nil {
+			t.Fatalf("GetMany: %v", err)
+		}
+		for _, k := range keys {
+			if string(got[k]) != "v-"+k {
+				t.Fatalf("GetMany[%s] = %q", k, got[k])
+			}
+		}
+		return got
+	}
+	waitFor(t, 5*time.Second, "GetMany to copy its values", func() bool {
+		got := many()
+		got["m1"][0] = 'X' // the caller's own bytes
+		return nearHas(b, "m1") && nearHas(b, "m2") && nearHas(b, "m3")
+	})
+	log.take()
+	before := b.Stats().NearHits
+	for range 10 {
+		many()["m2"][0] = 'Y'
+	}
+	if cmds := log.take(); len(cmds) != 0 {
+		t.Errorf("10 batches from near copies sent %v", cmds)
+	}
+	if got := b.Stats().NearHits - before; got != 30 {
+		t.Errorf("NearHits grew by %d, want 30", got)
+	}
+	if got := getString(t, b, "m1"); got != "v-m1" {
+		t.Fatalf("Get after the callers mutated their bytes: %q", got)
+	}
+
+	if err := a.Set(ctx, "m3", []byte("v-m3-new"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the write to reach b's near cache", func() bool { return !nearHas(b, "m3") })
+	got, err := b.GetMany(ctx, keys, time.Hour, noLoad)
+	if err != nil || string(got["m3"]) != "v-m3-new" || string(got["m1"]) != "v-m1" {
+		t.Fatalf("GetMany after another process's Set: %q, %v", got, err)
 	}
 }

@@ -10,7 +10,8 @@ import (
 // never calls a loader, never takes the key's lease and never starts a
 // refresh or a rebuild. It is one GET from the key's master, so a Peek
 // that starts after a Set, Invalidate or InvalidateSoft of key returned,
-// in any process, sees that write.
+// in any process, sees that write. For that reason it never answers from
+// the near cache ([Options.Near]), which bounds staleness only.
 //
 // found reports whether Redis holds an answer for key, and the other
 // results are that answer, as Get would return it:
