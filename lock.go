@@ -26,13 +26,14 @@ import (
 //     is [ErrInvalidKey] and a ttl outside the backend's range
 //     [ErrInvalidTTL].
 //   - Acquire waits while another owner holds the lock, woken by the
-//     backend's notification of a release ([Locker]: Redis pub/sub; a
-//     PostgreSQL lock: LISTEN/NOTIFY), with a bounded re-check as the
-//     fallback for lost notifications and holders that never release. A
-//     backend without notifications ([Redlock]) documents its poll bound
-//     instead. The wait is bounded by ctx (the error then joins
-//     [ErrLeaseHeld] and ctx.Err(), and the call returns at once) and by
-//     the backend's wait limit ([ErrWaitTimeout] and ErrLeaseHeld).
+//     backend's notification of a release ([Locker]: Redis pub/sub;
+//     [Redlock]: Redis pub/sub on each master, any master's release a
+//     hint to try the quorum again; a PostgreSQL lock: LISTEN/NOTIFY),
+//     with a bounded re-check as the fallback for lost notifications and
+//     holders that never release. The wait is bounded by ctx (the error
+//     then joins [ErrLeaseHeld] and ctx.Err(), and the call returns at
+//     once) and by the backend's wait limit ([ErrWaitTimeout] and
+//     ErrLeaseHeld).
 //   - Close frees the backend's resources. TryAcquire and Acquire called
 //     after it return [ErrClosed], and an Acquire waiting when Close is
 //     called returns ErrClosed at once. Whether leases handed out before

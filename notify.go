@@ -181,7 +181,11 @@ type subscription struct {
 	t       *topic
 	channel string
 	C       chan notice
-	once    sync.Once
+	// ping, if not nil, is also sent to, without blocking, on every
+	// notice: one channel that several notifiers' subscriptions share
+	// (a Redlock waiter's, one per master). Capacity 1 coalesces them.
+	ping chan<- struct{}
+	once sync.Once
 }
 
 func newNotifier(rdb redis.UniversalClient) *notifier {
@@ -292,6 +296,40 @@ func (n *notifier) route(ctx context.Context, channel string) (key string, shard
 // polling. With a nil error or such an error, the caller must call
 // release when it stops listening.
 func (n *notifier) subscribe(ctx context.Context, channel string) (sub *subscription, live bool, err error) {
+	sub, live, err = n.register(ctx, channel, nil)
+	if err != nil {
+		return nil, false, err
+	}
+	t := sub.t
+	select {
+	case <-t.settled:
+		return sub, live, t.err
+	case <-ctx.Done():
+		sub.release()
+		return nil, false, ctx.Err()
+	case <-n.ctx.Done():
+		sub.release()
+		return nil, false, ErrClosed
+	}
+}
+
+// listen registers a subscriber for channel as subscribe does, but does
+// not wait for the SUBSCRIBE to be sent: it returns as soon as the
+// subscription is registered, so a master that is down or stalled never
+// holds up the caller (ctx bounds only the routing of a cluster or ring
+// client; a *redis.Client needs no I/O for it). Every notice for the
+// subscription, the confirmation as well as each message, also sends to
+// ping without blocking. live is as for subscribe: when false, the
+// confirmation comes as a notice once the server has it (never, while
+// the master is unreachable). With a nil error the caller must call
+// release when it stops listening.
+func (n *notifier) listen(ctx context.Context, channel string, ping chan<- struct{}) (sub *subscription, live bool, err error) {
+	return n.register(ctx, channel, ping)
+}
+
+// register is the part of subscribe and listen that records the
+// subscriber and wakes the worker; it does not wait for the worker.
+func (n *notifier) register(ctx context.Context, channel string, ping chan<- struct{}) (sub *subscription, live bool, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
@@ -301,8 +339,8 @@ func (n *notifier) subscribe(ctx context.Context, channel string) (sub *subscrip
 	}
 
 	n.mu.Lock()
+	defer n.mu.Unlock()
 	if n.closed {
-		n.mu.Unlock()
 		return nil, false, ErrClosed
 	}
 	t := n.topics[channel]
@@ -330,23 +368,12 @@ func (n *notifier) subscribe(ctx context.Context, channel string) (sub *subscrip
 		}
 	}
 	t.refs++
-	sub = &subscription{n: n, t: t, channel: channel, C: make(chan notice, 1)}
+	sub = &subscription{n: n, t: t, channel: channel, C: make(chan notice, 1), ping: ping}
 	t.subs[sub] = struct{}{}
 	if st := t.conn.chans[channel]; st != nil && st.confirmed && !st.busy {
 		live = true
 	}
-	n.mu.Unlock()
-
-	select {
-	case <-t.settled:
-		return sub, live, t.err
-	case <-ctx.Done():
-		sub.release()
-		return nil, false, ctx.Err()
-	case <-n.ctx.Done():
-		sub.release()
-		return nil, false, ErrClosed
-	}
+	return sub, live, nil
 }
 
 // release ends the subscription. It is safe to call more than once, and
@@ -701,6 +728,12 @@ func (c *psConn) deliver(channel string, nt notice, confirm bool) {
 			default:
 			}
 			s.C <- nt
+		}
+		if s.ping != nil {
+			select {
+			case s.ping <- struct{}{}:
+			default:
+			}
 		}
 	}
 }

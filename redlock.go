@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -60,8 +61,11 @@ type RedlockOptions struct {
 	// top of the caller's context. Default: three times the lease length.
 	MaxWait time.Duration
 
-	// PollMin and PollMax bound the polling of [Redlock.Acquire]: the first
-	// retry comes after about PollMin, each further one waits twice as long
+	// PollMin and PollMax bound the fallback re-check of [Redlock.Acquire].
+	// A waiter is woken by the release's notification on the masters (Redis
+	// pub/sub) and retries then; without one (a lost message, a
+	// subscription that is down, a holder whose lease simply runs out) it
+	// looks again after about PollMin, each further time twice as long
 	// (with jitter) up to PollMax, and never much later than the holder's
 	// lease would expire. Defaults: 10ms and 250ms.
 	PollMin, PollMax time.Duration
@@ -162,7 +166,8 @@ func (o *RedlockOptions) resolve() redlockConfig {
 // every call after it returns [ErrClosed].
 type Redlock struct {
 	nodes  []redis.UniversalClient
-	all    []int // 0..N-1
+	notify []*notifier // one per master: the waiters' wake-ups, started on first use
+	all    []int       // 0..N-1
 	quorum int
 	cfg    redlockConfig
 	now    func() time.Time // the local clock; the model test replaces it
@@ -215,8 +220,9 @@ func NewRedlock(clients []redis.UniversalClient, opt *RedlockOptions) *Redlock {
 		cfg:    opt.resolve(),
 		now:    time.Now,
 	}
-	for i := range clients {
+	for i, c := range clients {
 		r.all = append(r.all, i)
+		r.notify = append(r.notify, newNotifier(c))
 	}
 	r.root, r.cancel = context.WithCancel(context.Background())
 	return r
@@ -270,12 +276,14 @@ func normaliseAddr(network, addr string) string {
 // Quorum returns the number of masters that must grant a lease: N/2+1.
 func (r *Redlock) Quorum() int { return r.quorum }
 
-// Close stops the Redlock: it cancels its calls in progress and the
-// watchdogs of its leases, and waits for every goroutine it started,
-// including calls to a stalled master that outlived their round (they end
-// at the client's ReadTimeout). Leases not yet released stay on the
-// masters until they expire: release them before Close. Every call made
-// after Close, on the Redlock or on its leases, returns [ErrClosed].
+// Close stops the Redlock: it cancels its calls in progress (an Acquire
+// waiting returns [ErrClosed] at once) and the watchdogs of its leases,
+// closes its pub/sub connections, and waits for every goroutine it
+// started, including calls to a stalled master that outlived their round
+// (they end at the client's ReadTimeout). Leases not yet released stay on
+// the masters until they expire: release them before Close. Every call
+// made after Close, on the Redlock or on its leases, returns ErrClosed.
+// It returns the first error of closing a pub/sub connection, if any.
 func (r *Redlock) Close() error {
 	r.mu.Lock()
 	if r.closed {
@@ -286,7 +294,13 @@ func (r *Redlock) Close() error {
 	r.cancel()
 	r.mu.Unlock()
 	r.calls.Wait()
-	return nil
+	var first error
+	for _, n := range r.notify {
+		if err := n.close(); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
 }
 
 // enter registers a call; it fails with ErrClosed after Close. Every
@@ -338,14 +352,26 @@ func (r *Redlock) TryAcquire(ctx context.Context, key string, ttl time.Duration)
 	return lease, err
 }
 
-// Acquire takes the lock on key for ttl, retrying with jittered polling
-// while other owners hold it (a Redlock has no release notifications). The
-// wait is bounded by ctx and by [RedlockOptions.MaxWait]: when ctx ends
-// the error joins [ErrLeaseHeld] and ctx.Err(); when MaxWait runs out it
-// wraps [ErrWaitTimeout] and [ErrLeaseHeld]. An attempt that fails for
+// Acquire takes the lock on key for ttl, waiting while other owners hold
+// it. A waiter subscribes to the key's wake-up channel on every master
+// (Redis pub/sub; a master that is down or stalled does not hold it up)
+// and tries again as soon as any master publishes a release there: the
+// holder's release, or a failed attempt of another owner giving back what
+// it took. A release on one master is only a hint; the attempt it starts
+// is the quorum round. Without a notification (a lost message, pub/sub
+// down on every master, a holder whose lease runs out) it looks again
+// after the fallback re-check of [RedlockOptions.PollMin] and PollMax,
+// and just after the holder's lease would expire. After an attempt that
+// won some masters but not a quorum while no other owner held one (a
+// split vote among waiters), it waits a short random delay before the
+// next, so that the contenders do not collide again in step.
+//
+// The wait is bounded by ctx and by [RedlockOptions.MaxWait]: when ctx
+// ends the error joins [ErrLeaseHeld] and ctx.Err(); when MaxWait runs out
+// it wraps [ErrWaitTimeout] and [ErrLeaseHeld]. Both end the wait at once,
+// as does [Redlock.Close], with [ErrClosed]. An attempt that fails for
 // want of a quorum of answering masters ([ErrNoQuorum]) ends the wait at
-// once, and [Redlock.Close] ends it with [ErrClosed]. Key and ttl are
-// checked as in [Redlock.TryAcquire].
+// once. Key and ttl are checked as in [Redlock.TryAcquire].
 func (r *Redlock) Acquire(ctx context.Context, key string, ttl time.Duration) (*RedlockLease, error) {
 	if err := r.enter(); err != nil {
 		return nil, err
@@ -355,7 +381,7 @@ func (r *Redlock) Acquire(ctx context.Context, key string, ttl time.Duration) (*
 	if err != nil {
 		return nil, err
 	}
-	lease, hint, err := r.try(ctx, key, keys, ttl)
+	lease, res, err := r.try(ctx, key, keys, ttl)
 	if lease != nil || !errors.Is(err, ErrLeaseHeld) {
 		return lease, err
 	}
@@ -367,9 +393,23 @@ func (r *Redlock) Acquire(ctx context.Context, key string, ttl time.Duration) (*
 	}
 	limit := time.NewTimer(maxWait)
 	defer limit.Stop()
+
+	// Listen before trying again: a release published after the
+	// subscription is confirmed on a master arrives as a message, and one
+	// before it is seen by the attempt that the confirmation (a notice
+	// too) starts. A subscription already live in this process gets no
+	// confirmation: then look again at once.
+	ping := make(chan struct{}, 1)
+	live, stop := r.listen(ctx, keys.channel, ping, r.nodeTimeout(ttl))
+	defer stop()
+
 	backoff := r.cfg.pollMin
-	poll := time.NewTimer(pollWait(backoff, hint))
+	poll := time.NewTimer(pollWait(backoff, res.holder))
 	defer poll.Stop()
+	if live {
+		poll.Reset(0)
+	}
+	wake := (<-chan struct{})(ping)
 	for {
 		select {
 		case <-ctx.Done():
@@ -378,17 +418,64 @@ func (r *Redlock) Acquire(ctx context.Context, key string, ttl time.Duration) (*
 			return nil, fmt.Errorf("%w after %v: %w", ErrWaitTimeout, maxWait, ErrLeaseHeld)
 		case <-r.root.Done():
 			return nil, ErrClosed
+		case <-wake:
 		case <-poll.C:
 		}
-		lease, hint, err = r.try(ctx, key, keys, ttl)
+		lease, res, err = r.try(ctx, key, keys, ttl)
 		if err != nil && ctx.Err() != nil {
 			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
 		}
 		if lease != nil || !errors.Is(err, ErrLeaseHeld) {
 			return lease, err
 		}
+		wake = ping
+		if res.split {
+			// Every contender of a split vote was just woken by the
+			// others' give-backs: each waits a random part of an
+			// attempt's time again, so that one of them goes first.
+			// Notices meanwhile stay in ping for the attempt after.
+			wake = nil
+			poll.Reset(rand.N(max(2*res.took, time.Millisecond)))
+			continue
+		}
 		backoff = min(2*backoff, r.cfg.pollMax)
-		poll.Reset(pollWait(backoff, hint))
+		poll.Reset(pollWait(backoff, res.holder))
+	}
+}
+
+// listen subscribes ping to channel on every master, without waiting for
+// any of them, and reports whether a subscription was already live in
+// this process. stop ends the subscriptions; it never waits for Redis.
+func (r *Redlock) listen(ctx context.Context, channel string, ping chan<- struct{}, timeout time.Duration) (live bool, stop func()) {
+	subs := make([]*subscription, len(r.nodes))
+	lives := make([]bool, len(r.nodes))
+	var wg sync.WaitGroup
+	for i, n := range r.notify {
+		if _, plain := r.nodes[i].(*redis.Client); plain {
+			// No I/O before the subscription is registered.
+			subs[i], lives[i], _ = n.listen(ctx, channel, ping)
+			continue
+		}
+		// A cluster or ring client may look up where the channel lives:
+		// in parallel, each for at most a round's timeout.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			subs[i], lives[i], _ = n.listen(lctx, channel, ping)
+		}()
+	}
+	wg.Wait()
+	for _, l := range lives {
+		live = live || l
+	}
+	return live, func() {
+		for _, s := range subs {
+			if s != nil {
+				s.release()
+			}
+		}
 	}
 }
 
@@ -431,10 +518,16 @@ func (r *Redlock) nodeTimeout(ttl time.Duration) time.Duration {
 	return min(max(ttl/10, time.Millisecond), 100*time.Millisecond)
 }
 
+// tried is what a failed attempt tells the wait that follows it.
+type tried struct {
+	holder time.Duration // the shortest remaining lease of another owner seen (0: unknown)
+	split  bool          // it won masters, but no quorum, and no other owner held one
+	took   time.Duration // how long the attempt ran, its release included
+}
+
 // try runs one attempt: both rounds and, when it fails, the release on
-// every master. On ErrLeaseHeld it also returns the shortest remaining
-// lease of another owner (0 when unknown).
-func (r *Redlock) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*RedlockLease, time.Duration, error) {
+// every master.
+func (r *Redlock) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*RedlockLease, tried, error) {
 	a := r.newAttempt(key, keys, ttl)
 	timeout := r.nodeTimeout(ttl)
 	a.acq = r.fanout(ctx, r.all, timeout, func(ctx context.Context, i int) nodeReply {
@@ -448,16 +541,23 @@ func (r *Redlock) try(ctx context.Context, key string, keys keyFamily, ttl time.
 		var lease *RedlockLease
 		if lease, err = a.afterRaise(raised); err == nil {
 			r.cfg.sig.lease(key, LeaseAcquired)
-			return lease, 0, nil
+			return lease, tried{}, nil
 		}
 	}
 	// Release everywhere at once, also where no reply came: the SET may
 	// have run there after the round gave up on it, or may still land
 	// there later; the marker left there makes that late SET a no-op.
+	// What it gives back is published to the key's waiters, unless
+	// another owner holds a quorum: none of them could win then.
+	notify := !a.otherHasQuorum()
 	r.fanout(context.WithoutCancel(ctx), r.all, timeout, func(ctx context.Context, i int) nodeReply {
-		return r.releaseMarked(ctx, i, keys, a.owner, a.releaseMark(i))
+		return r.releaseNotify(ctx, i, keys, a.owner, a.releaseMark(i), notify)
 	})
-	return nil, a.holderTTL(), err
+	if r.root.Err() != nil {
+		// Close cut the rounds short: that, not the masters, is the cause.
+		err = fmt.Errorf("%w: acquire %q", ErrClosed, key)
+	}
+	return nil, tried{holder: a.holderTTL(), split: notify && len(a.won) > 0, took: r.now().Sub(a.start)}, err
 }
 
 // nodeReply is one master's answer in one round.
@@ -466,6 +566,7 @@ type nodeReply struct {
 	held bool          // round one or two, not ok: another owner holds the lease there
 	n    uint64        // round one, ok: the master's fence counter
 	pttl time.Duration // round one, held: the other owner's remaining lease
+	by   string        // round one, held: the other owner
 	err  error         // no answer (a Redis error, the round's timeout); ok is false
 }
 
@@ -534,7 +635,16 @@ func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner 
 	switch ok {
 	case 0:
 		pttl, _ := strconv.ParseInt(val, 10, 64)
-		return nodeReply{held: true, pttl: max(time.Duration(pttl)*time.Millisecond, 0)}
+		if pttl == 0 {
+			// Whole milliseconds: 0 is a lease that ends within one, not
+			// an unknown time; a waiter told 0 would wait a full re-check.
+			pttl = 1
+		}
+		rep := nodeReply{held: true, pttl: max(time.Duration(pttl)*time.Millisecond, 0)}
+		if len(res) > 2 {
+			rep.by, _ = res[2].(string)
+		}
+		return rep
 	case -1: // this attempt was already released here: a late request
 		return nodeReply{}
 	}
@@ -561,10 +671,21 @@ func (r *Redlock) releaseNode(ctx context.Context, i int, keys keyFamily, owner 
 }
 
 // releaseMarked releases owner's lease on master i and, with mark > 0,
-// leaves the released marker there for mark (a failed attempt).
+// leaves the released marker there for mark (a failed attempt). A lease
+// it deletes is published to the key's waiters.
 func (r *Redlock) releaseMarked(ctx context.Context, i int, keys keyFamily, owner string, mark time.Duration) nodeReply {
+	return r.releaseNotify(ctx, i, keys, owner, mark, true)
+}
+
+// releaseNotify is releaseMarked that publishes the release only when
+// notify is set.
+func (r *Redlock) releaseNotify(ctx context.Context, i int, keys keyFamily, owner string, mark time.Duration, notify bool) nodeReply {
+	publish := ""
+	if notify {
+		publish = r.notify[i].publishCmd(ctx)
+	}
 	return r.intNode(i, redlockReleaseScript.Run(ctx, r.nodes[i],
-		[]string{keys.lease, keys.fence, releasedKey(keys, owner)}, owner, mark.Milliseconds()))
+		[]string{keys.lease, keys.fence, releasedKey(keys, owner)}, owner, mark.Milliseconds(), publish, keys.channel))
 }
 
 // intNode reads a script's 1 (ok), 0 (not this owner's lease; for the
@@ -705,6 +826,21 @@ func withCauses(err error, errs []error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", err, errors.Join(errs...))
+}
+
+// otherHasQuorum reports whether round one saw one other owner holding
+// the lease on a quorum of masters.
+func (a *rlAttempt) otherHasQuorum() bool {
+	count := make(map[string]int)
+	for _, rep := range a.acq {
+		if rep.held && rep.by != "" {
+			count[rep.by]++
+			if count[rep.by] >= a.r.quorum {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // holderTTL is the shortest remaining lease of another owner seen in round

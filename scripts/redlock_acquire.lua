@@ -5,7 +5,7 @@
 -- Returns:
 --   {1, counter}  this owner holds the lease here (now, or by an earlier
 --                 try whose reply was lost); counter: decimal string
---   {0, pttl}     another owner holds it for pttl ms
+--   {0, pttl, holder}  another owner (holder) holds it for pttl ms
 --   {-1, 0}       this owner's attempt already failed and released the
 --                 key here (KEYS[3] exists): a late request changes nothing
 -- The counter is max(stored, the server's TIME in µs), and is stored, so a
@@ -17,7 +17,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 local cur = redis.call('GET', KEYS[1])
 if cur and cur ~= ARGV[1] then
-  return {0, redis.call('PTTL', KEYS[1])}
+  return {0, redis.call('PTTL', KEYS[1]), cur}
 end
 local t = redis.call('TIME')
 local now = t[1] .. string.rep('0', 6 - #t[2]) .. t[2]
