@@ -109,3 +109,19 @@ func TestPercentile(t *testing.T) {
 		t.Errorf("p50 of nothing = %v", got)
 	}
 }
+
+// TestFmtDur: three significant digits, no "1000 µs".
+func TestFmtDur(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		171 * time.Microsecond:   "171 µs",
+		999600 * time.Nanosecond: "1.00 ms",
+		1234 * time.Microsecond:  "1.23 ms",
+		9996 * time.Microsecond:  "10.0 ms",
+		99960 * time.Microsecond: "100 ms",
+		1500 * time.Millisecond:  "1500 ms",
+	} {
+		if got := fmtDur(d); got != want {
+			t.Errorf("fmtDur(%v) = %q, want %q", d, got, want)
+		}
+	}
+}

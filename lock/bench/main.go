@@ -179,11 +179,11 @@ func printTable(w io.Writer, cfg config, results []result) {
 // millisecond and in ms above.
 func fmtDur(d time.Duration) string {
 	switch {
-	case d < time.Millisecond:
+	case d < 999500*time.Nanosecond: // 999.5µs and above print as 1.00 ms
 		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
-	case d < 10*time.Millisecond:
+	case d < 9995*time.Microsecond:
 		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
-	case d < 100*time.Millisecond:
+	case d < 99950*time.Microsecond:
 		return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
 	}
 	return fmt.Sprintf("%.0f ms", float64(d)/float64(time.Millisecond))
