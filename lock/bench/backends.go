@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/herdkit/herd"
+	mysqllock "github.com/herdkit/herd/lock/mysql"
 	"github.com/herdkit/herd/lock/postgres"
 	"github.com/redis/go-redis/v9"
 )
@@ -37,6 +38,7 @@ var backends = []backend{
 	{name: "redlock3", desc: "herd.Redlock over 3 redis-servers", setup: setupRedlock(3)},
 	{name: "redlock5", desc: "herd.Redlock over 5 redis-servers", setup: setupRedlock(5)},
 	{name: "postgres", desc: "lock/postgres (advisory lock) on the server at -pg, in a database created for the run", setup: setupPostgres},
+	{name: "mysql", desc: "lock/mysql (GET_LOCK) on the server at -mysql, in a database created for the run", setup: setupMySQL},
 }
 
 func findBackend(name string) (backend, bool) {
@@ -118,6 +120,20 @@ func setupPostgres(ctx context.Context, cfg config) (*deployment, error) {
 	return &deployment{
 		open: func() (herd.Lock[herd.LeaseHandle], func() error, error) {
 			l := postgres.New(db.conf, nil)
+			return herd.AnyLock(l), l.Close, nil
+		},
+		teardown: db.drop,
+	}, nil
+}
+
+func setupMySQL(ctx context.Context, cfg config) (*deployment, error) {
+	db, err := createMySQL(ctx, cfg.mysqlDSN)
+	if err != nil {
+		return nil, err
+	}
+	return &deployment{
+		open: func() (herd.Lock[herd.LeaseHandle], func() error, error) {
+			l := mysqllock.New(db.conf, nil)
 			return herd.AnyLock(l), l.Close, nil
 		},
 		teardown: db.drop,

@@ -3,7 +3,9 @@ module github.com/herdkit/herd/lock/bench
 go 1.26.0
 
 require (
+	github.com/go-sql-driver/mysql v1.10.1
 	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd/lock/mysql v0.0.0-00010101000000-000000000000
 	github.com/herdkit/herd/lock/postgres v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -11,6 +13,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
@@ -25,5 +28,6 @@ require (
 // this module.
 replace (
 	github.com/herdkit/herd => ../..
+	github.com/herdkit/herd/lock/mysql => ../mysql
 	github.com/herdkit/herd/lock/postgres => ../postgres
 )

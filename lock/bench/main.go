@@ -26,13 +26,14 @@
 //	redlock3  herd.Redlock over 3 redis-servers
 //	redlock5  herd.Redlock over 5 redis-servers
 //	postgres  lock/postgres on the server at -pg
+//	mysql     lock/mysql on the MySQL or MariaDB server at -mysql
 //
 // The bench starts the redis-servers itself (-redis-server, default from
 // $PATH): each on a free port of 127.0.0.1, without persistence
 // (--save "" --appendonly no), in a temporary directory, stopped by its
 // process handle when the backend is done (on Linux also with a
-// parent-death SIGKILL). For postgres it creates a database with a random
-// name on the server at -pg and drops it at the end.
+// parent-death SIGKILL). For postgres and mysql it creates a database with
+// a random name on the server at -pg or -mysql and drops it at the end.
 //
 // A backend that cannot be set up or measured is reported on stderr and
 // the command exits with status 1 after printing the others.
@@ -61,6 +62,7 @@ type config struct {
 	workers     int
 	redisServer string
 	pgURL       string
+	mysqlDSN    string
 }
 
 func parseFlags(args []string, stderr io.Writer) (config, error) {
@@ -77,6 +79,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.workers, "workers", 4, "goroutines of the contended phase")
 	fs.StringVar(&cfg.redisServer, "redis-server", "redis-server", "the redis-server binary")
 	fs.StringVar(&cfg.pgURL, "pg", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable", "PostgreSQL URL of an existing database, to create the run's database from")
+	fs.StringVar(&cfg.mysqlDSN, "mysql", "root@tcp(127.0.0.1:3306)/", "MySQL or MariaDB DSN, to create the run's database from")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}

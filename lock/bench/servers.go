@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"database/sql"
 	"encoding/hex"
 	"fmt"
 	"net"
@@ -15,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/redis/go-redis/v9"
 )
@@ -203,4 +205,60 @@ func redact(raw string) string {
 		return "(unparsable URL)"
 	}
 	return u.Redacted()
+}
+
+// myDatabase is a database this run created on a MySQL or MariaDB server,
+// with a random name; drop removes it.
+type myDatabase struct {
+	admin *mysql.Config
+	name  string
+	conf  *mysql.Config // the new database's
+}
+
+// quiet is the driver's logger: a Close that ends a wait with KILL QUERY
+// makes the driver log the broken connection.
+type quiet struct{}
+
+func (quiet) Print(...any) {}
+
+// createMySQL creates a database named herd_lockbench_<random> on the
+// server of the DSN admin.
+func createMySQL(ctx context.Context, admin string) (*myDatabase, error) {
+	cfg, err := mysql.ParseDSN(admin)
+	if err != nil {
+		return nil, fmt.Errorf("mysql DSN: %w", err)
+	}
+	cfg.Logger = quiet{}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "herd_lockbench_" + hex.EncodeToString(b[:])
+	if err := execMySQL(ctx, cfg, "CREATE DATABASE "+name); err != nil {
+		return nil, fmt.Errorf("mysql at %s: create database: %w", cfg.Addr, err)
+	}
+	conf := cfg.Clone()
+	conf.DBName = name
+	return &myDatabase{admin: cfg, name: name, conf: conf}, nil
+}
+
+func (d *myDatabase) drop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := execMySQL(ctx, d.admin, "DROP DATABASE "+d.name); err != nil {
+		return fmt.Errorf("drop database %s: %w", d.name, err)
+	}
+	return nil
+}
+
+// execMySQL runs one statement on a connection of its own.
+func execMySQL(ctx context.Context, cfg *mysql.Config, stmt string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	conn, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return err
+	}
+	db := sql.OpenDB(conn)
+	defer db.Close()
+	_, err = db.ExecContext(ctx, stmt)
+	return err
 }
