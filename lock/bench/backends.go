@@ -4,11 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/herdkit/herd"
+	etcdlock "github.com/herdkit/herd/lock/etcd"
+	"github.com/herdkit/herd/lock/etcd/etcdtest"
 	mysqllock "github.com/herdkit/herd/lock/mysql"
 	"github.com/herdkit/herd/lock/postgres"
+	"github.com/herdkit/herd/lock/zookeeper"
+	"github.com/herdkit/herd/lock/zookeeper/zktest"
 	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
 )
 
 // backend is one row of the benchmark: a lock style and how to deploy it.
@@ -39,6 +46,8 @@ var backends = []backend{
 	{name: "redlock5", desc: "herd.Redlock over 5 redis-servers", setup: setupRedlock(5)},
 	{name: "postgres", desc: "lock/postgres (advisory lock) on the server at -pg, in a database created for the run", setup: setupPostgres},
 	{name: "mysql", desc: "lock/mysql (GET_LOCK) on the server at -mysql, in a database created for the run", setup: setupMySQL},
+	{name: "etcd", desc: "lock/etcd on one etcd server (lock/etcd/etcdtest)", setup: setupEtcd},
+	{name: "zookeeper", desc: "lock/zookeeper on one standalone ZooKeeper server (lock/zookeeper/zktest)", setup: setupZooKeeper},
 }
 
 func findBackend(name string) (backend, bool) {
@@ -137,6 +146,48 @@ func setupMySQL(ctx context.Context, cfg config) (*deployment, error) {
 			return herd.AnyLock(l), l.Close, nil
 		},
 		teardown: db.drop,
+	}, nil
+}
+
+func setupEtcd(ctx context.Context, cfg config) (*deployment, error) {
+	dir, err := os.MkdirTemp("", "herd-lockbench-etcd-")
+	if err != nil {
+		return nil, err
+	}
+	srv, err := etcdtest.Start(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &deployment{
+		open: func() (herd.Lock[herd.LeaseHandle], func() error, error) {
+			cli, err := clientv3.New(clientv3.Config{Endpoints: srv.Endpoints(), Logger: zap.NewNop()})
+			if err != nil {
+				return nil, nil, err
+			}
+			l := etcdlock.New(cli, nil)
+			return herd.AnyLock(l), func() error { return errors.Join(l.Close(), cli.Close()) }, nil
+		},
+		teardown: func() error { return errors.Join(srv.Close(), os.RemoveAll(dir)) },
+	}, nil
+}
+
+func setupZooKeeper(ctx context.Context, cfg config) (*deployment, error) {
+	dir, err := os.MkdirTemp("", "herd-lockbench-zk-")
+	if err != nil {
+		return nil, err
+	}
+	srv, err := zktest.Start(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, err
+	}
+	return &deployment{
+		open: func() (herd.Lock[herd.LeaseHandle], func() error, error) {
+			l := zookeeper.New([]string{srv.Addr()}, nil)
+			return herd.AnyLock(l), l.Close, nil
+		},
+		teardown: func() error { return errors.Join(srv.Close(), os.RemoveAll(dir)) },
 	}, nil
 }
 

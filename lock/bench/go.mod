@@ -5,29 +5,48 @@ go 1.26.0
 require (
 	github.com/go-sql-driver/mysql v1.10.1
 	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd/lock/etcd v0.0.0-00010101000000-000000000000
 	github.com/herdkit/herd/lock/mysql v0.0.0-00010101000000-000000000000
 	github.com/herdkit/herd/lock/postgres v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd/lock/zookeeper v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
+	go.etcd.io/etcd/client/v3 v3.7.3
 	go.uber.org/goleak v1.3.0
+	go.uber.org/zap v1.27.1
 )
 
 require (
 	filippo.io/edwards25519 v1.2.0 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/coreos/go-semver v0.3.1 // indirect
+	github.com/coreos/go-systemd/v22 v22.7.0 // indirect
+	github.com/go-zookeeper/zk v1.0.4 // indirect
+	github.com/golang/protobuf v1.5.4 // indirect
+	github.com/grpc-ecosystem/grpc-gateway/v2 v2.29.0 // indirect
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/maypok86/otter/v2 v2.4.0 // indirect
+	go.etcd.io/etcd/api/v3 v3.7.3 // indirect
+	go.etcd.io/etcd/client/pkg/v3 v3.7.3 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
+	go.uber.org/multierr v1.11.0 // indirect
+	golang.org/x/net v0.61.0 // indirect
 	golang.org/x/sync v0.25.0 // indirect
-	golang.org/x/sys v0.48.0 // indirect
-	golang.org/x/text v0.41.0 // indirect
+	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/text v0.43.0 // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260803160001-6ac0973c030d // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260803160001-6ac0973c030d // indirect
+	google.golang.org/grpc v1.83.2 // indirect
+	google.golang.org/protobuf v1.36.12 // indirect
 )
 
 // Development inside herd's repository: the herd and the backends next to
 // this module.
 replace (
 	github.com/herdkit/herd => ../..
+	github.com/herdkit/herd/lock/etcd => ../etcd
 	github.com/herdkit/herd/lock/mysql => ../mysql
 	github.com/herdkit/herd/lock/postgres => ../postgres
+	github.com/herdkit/herd/lock/zookeeper => ../zookeeper
 )

@@ -27,13 +27,18 @@
 //	redlock5  herd.Redlock over 5 redis-servers
 //	postgres  lock/postgres on the server at -pg
 //	mysql     lock/mysql on the MySQL or MariaDB server at -mysql
+//	etcd      lock/etcd on one etcd server
+//	zookeeper lock/zookeeper on one standalone ZooKeeper server
 //
 // The bench starts the redis-servers itself (-redis-server, default from
 // $PATH): each on a free port of 127.0.0.1, without persistence
 // (--save "" --appendonly no), in a temporary directory, stopped by its
 // process handle when the backend is done (on Linux also with a
-// parent-death SIGKILL). For postgres and mysql it creates a database with
-// a random name on the server at -pg or -mysql and drops it at the end.
+// parent-death SIGKILL). It starts etcd and ZooKeeper with the starters
+// of their modules' tests (lock/etcd/etcdtest, lock/zookeeper/zktest: free
+// loopback ports, a temporary data directory, stopped by pid). For
+// postgres and mysql it creates a database with a random name on the
+// server at -pg or -mysql and drops it at the end.
 //
 // A backend that cannot be set up or measured is reported on stderr and
 // the command exits with status 1 after printing the others.
