@@ -22,28 +22,6 @@ import (
 // Attacks on the hit path (hit.go): a Get's own GET before any flight,
 // and the flight that starts from that GET's reply.
 
-// sentHook reports each GET of one Redis key as it is sent.
-type sentHook struct {
-	key  string
-	sent chan struct{}
-}
-
-func (h *sentHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *sentHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *sentHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if cmd.Name() == "get" && len(cmd.Args()) == 2 && cmd.Args()[1] == h.key {
-			select {
-			case h.sent <- struct{}{}:
-			default:
-			}
-		}
-		return next(ctx, cmd)
-	}
-}
-
 // A blackholed Redis, callers whose deadlines are shorter than the
 // client's ReadTimeout: each hit's GET (or Peek's) is handed to a
 // goroutine, the caller leaves at its deadline, and the GET times out

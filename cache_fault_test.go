@@ -135,10 +135,8 @@ func TestCachePubSubKilled(t *testing.T) {
 
 	const n = 3
 	res := make(chan []byte, n)
-	var followers []*Cache
 	for range n {
 		f := newTestCache(t, srv.Client(t), &Options{WaitTimeout: 30 * time.Second})
-		followers = append(followers, f)
 		go func() {
 			v, _ := f.Get(ctx, key, time.Minute, g.load)
 			res <- v

@@ -207,7 +207,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// such GET starts one flight at most (its caller takes that answer),
 	// so the rounds end.
 	joined, writes := time.Now(), c.writesOf(key)
-	val, err, done, pre := c.lookup(ctx, key, vkey)
+	val, done, pre, err := c.lookup(ctx, key, vkey)
 	if done {
 		return val, err
 	}

@@ -178,7 +178,7 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.Duration, refresh func() LoadFunc, joined time.Time, writes uint64) (*Hit, *Fill, error) {
 	var pre *preRead
 	if c.near != nil {
-		e, err, done, p := c.nearLook(ctx, key, keys.value)
+		e, done, p, err := c.nearLook(ctx, key, keys.value)
 		switch {
 		case done && err != nil:
 			return nil, nil, err

@@ -37,10 +37,10 @@ type preRead struct {
 // hit reads key's value (at vkey) in the caller's goroutine. done reports
 // that val, err are the caller's answer; otherwise pre is the read for
 // the flight (nil: the flight reads itself).
-func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, err error, done bool, pre *preRead) {
+func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
 	if c.brk.troubled.Load() {
 		// The breaker decides who probes a troubled Redis: the flight asks.
-		return nil, nil, false, nil
+		return nil, false, nil, nil
 	}
 	sent := time.Now()
 	b, err := c.readHit(ctx, vkey) // the breaker has the GET's result
@@ -48,29 +48,29 @@ func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, err erro
 	case err == nil:
 	case ctx.Err() != nil:
 		// The caller's own deadline or cancellation, not Redis.
-		return nil, ctx.Err(), true, nil
+		return nil, true, nil, ctx.Err()
 	case errors.Is(err, ErrClosed) || c.ctx.Err() != nil:
-		return nil, ErrClosed, true, nil
+		return nil, true, nil, ErrClosed
 	case isInfraError(err):
-		return nil, nil, false, &preRead{sent: sent, err: err}
+		return nil, false, &preRead{sent: sent, err: err}, nil
 	}
 	if err != nil {
-		return nil, nil, false, &preRead{sent: sent} // redis.Nil or a wrong-type reply: a miss
+		return nil, false, &preRead{sent: sent}, nil // redis.Nil or a wrong-type reply: a miss
 	}
 	env, ok := decodeEnvelope(b)
 	if !ok {
 		c.countCorrupt(key, len(b))
-		return nil, nil, false, &preRead{sent: sent}
+		return nil, false, &preRead{sent: sent}, nil
 	}
 	o, fresh, due := c.freshHit(key, vkey, env)
 	if !fresh {
-		return nil, nil, false, &preRead{sent: sent, env: env, ok: true, due: due}
+		return nil, false, &preRead{sent: sent, env: env, ok: true, due: due}, nil
 	}
 	recordOutcome(ctx, o)
 	if o == OutcomeNegative {
-		return nil, ErrNotFound, true, nil
+		return nil, true, nil, ErrNotFound
 	}
-	return env.payload, nil, true, nil
+	return env.payload, true, nil, nil
 }
 
 // freshHit reports whether env, read at vkey for key, answers the read as

@@ -522,30 +522,30 @@ func (n *near) usable(e nearEntry, mono int64) bool {
 // the fill's read, which the flight starts from, as it does from a hit's
 // (see hit.go); with pre nil, Get reads itself (the near cache is not
 // serving, or the fill's read is not current for this caller).
-func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, err error, done bool, pre *preRead) {
-	e, err, done, pre := c.nearLook(ctx, key, vkey)
+func (c *Cache) nearGet(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
+	e, done, pre, err := c.nearLook(ctx, key, vkey)
 	if !done || err != nil {
-		return nil, err, done, pre
+		return nil, done, pre, err
 	}
 	val, err = c.nearAnswer(ctx, key, e.val, e.negative)
-	return val, err, true, nil
+	return val, true, nil, err
 }
 
 // nearLook is nearGet's lookup: with done and no err, e is the answer,
 // counted as a near hit but not yet as a lookup (e.val aliases the store:
 // copy it).
-func (c *Cache) nearLook(ctx context.Context, key, vkey string) (e nearEntry, err error, done bool, pre *preRead) {
+func (c *Cache) nearLook(ctx context.Context, key, vkey string) (e nearEntry, done bool, pre *preRead, err error) {
 	n := c.near
 	mono := n.mono()
 	if !n.serving(mono) {
 		c.stats.nearBypassed.Add(1)
-		return e, nil, false, nil
+		return e, false, nil, nil
 	}
 	id := c.nearIDOfValueKey(vkey)
 	if e, ok := n.store.GetIfPresent(key); ok && n.usable(e, mono) {
 		// A fill that ended since nearHit looked.
 		c.stats.nearHits.Add(1)
-		return e, nil, true, nil
+		return e, true, nil, nil
 	}
 	c.stats.nearMisses.Add(1)
 	entered, writes := n.mono(), c.writesOf(key)
@@ -555,37 +555,37 @@ func (c *Cache) nearLook(ctx context.Context, key, vkey string) (e nearEntry, er
 	}
 	select {
 	case <-ctx.Done():
-		return e, ctx.Err(), true, nil
+		return e, true, nil, ctx.Err()
 	case <-c.ctx.Done():
-		return e, ErrClosed, true, nil
+		return e, true, nil, ErrClosed
 	case r := <-ch:
 		res := r.Val.(*nearResult)
 		if res.writes != writes {
 			// A write of this process returned after the GET may have
 			// been sent: read again.
-			return e, nil, false, nil
+			return e, false, nil, nil
 		}
 		if !res.ok {
 			if res.sent < entered {
-				return e, nil, false, nil // the flight would not take it for this caller
+				return e, false, nil, nil // the flight would not take it for this caller
 			}
-			return e, nil, false, res.pre
+			return e, false, res.pre, nil
 		}
 		if entered-res.sent > int64(n.cfg.staleness) {
 			// Joined later than Staleness after the GET was sent: a
 			// write another process made in between may be missing.
-			return e, nil, false, nil
+			return e, false, nil, nil
 		}
-		return res.e, nil, true, nil
+		return res.e, true, nil, nil
 	}
 }
 
 // lookup is Get's read before the flight: the near cache when it is on,
 // then, unless it answered or read for the flight, the hit path.
-func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, err error, done bool, pre *preRead) {
+func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
 	if c.near != nil {
-		if val, err, done, pre = c.nearGet(ctx, key, vkey); done || pre != nil {
-			return val, err, done, pre
+		if val, done, pre, err = c.nearGet(ctx, key, vkey); done || pre != nil {
+			return val, done, pre, err
 		}
 	}
 	return c.hit(ctx, key, vkey)

@@ -170,7 +170,7 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 		}
 	}
 	c.stats.misses.Add(1)
-	lease, v, err, done, pttl := c.acquire(f)
+	lease, v, done, pttl, err := c.acquire(f)
 	switch {
 	case done:
 		return v, err
@@ -193,7 +193,7 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 // acquire takes the key's lease, unless a usable value landed since the
 // flight looked (then done is set and val, err are the answer). On
 // ErrLeaseHeld pttl is the holder's remaining time.
-func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bool, pttl time.Duration) {
+func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, done bool, pttl time.Duration, err error) {
 	ttl := c.leaseFor(f.key)
 	sent := time.Now()
 	gr := c.newGenRead()
@@ -202,7 +202,7 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 		// The leader this follower waited for failed, and the message
 		// did not reach it: the failure marker tells.
 		if v, ferr, done := c.onNotice(f, notice{payload: r.failure}); done {
-			return nil, v, ferr, true, 0
+			return nil, v, true, 0, ferr
 		}
 		sent = time.Now()
 		gr = c.newGenRead()
@@ -219,7 +219,7 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 		f.seen = sent
 		if env, ok := decodeEnvelope(r.value); ok {
 			if v, err, done := c.served(f, env); done {
-				return nil, v, err, true, 0
+				return nil, v, true, 0, err
 			}
 		}
 		// An expired or unreadable value is there: rebuild over it.
@@ -231,7 +231,7 @@ func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, err error, done bo
 	if r.lease != nil {
 		f.gen = c.genResult(gr) // before the load begins
 	}
-	return r.lease, nil, err, false, r.pttl
+	return r.lease, nil, false, r.pttl, err
 }
 
 // read GETs and decodes the key's envelope. ok is false on a miss,
@@ -530,7 +530,7 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 	}
 	notified := serr == nil // pub/sub works (or will once confirmed)
 
-	if v, err, done, p := c.check(f); done {
+	if v, done, p, err := c.check(f); done {
 		if f.claim != nil || f.outcome == OutcomeLeader {
 			end = WaitTakeover
 		}
@@ -589,7 +589,7 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 			return nil, f.caller.Err()
 		case <-limit.C:
 			if left := time.Until(hardEnd); renewing && left > 0 {
-				v, err, done, p := c.check(f)
+				v, done, p, err := c.check(f)
 				if done {
 					if f.claim != nil || f.outcome == OutcomeLeader {
 						end = WaitTakeover
@@ -619,7 +619,7 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 			c.stats.polled.Add(1)
 			end = WaitPolled
 		}
-		v, err, done, p := c.check(f)
+		v, done, p, err := c.check(f)
 		if done {
 			if f.claim != nil || f.outcome == OutcomeLeader {
 				end = WaitTakeover
@@ -684,32 +684,32 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 // taken and this process leads (a takeover). Otherwise it returns the
 // holder's remaining lease time. Infrastructure errors are recorded and
 // the wait goes on (the budget bounds it).
-func (c *Cache) check(f *flight) (val []byte, err error, done bool, pttl time.Duration) {
+func (c *Cache) check(f *flight) (val []byte, done bool, pttl time.Duration, err error) {
 	env, ok, rerr := c.read(f)
 	if rerr != nil {
-		return nil, nil, false, 0
+		return nil, false, 0, nil
 	}
 	if ok {
 		if v, err, done := c.served(f, env); done {
-			return v, err, true, 0
+			return v, true, 0, err
 		}
 	}
-	lease, v, err, done, pttl := c.acquire(f)
+	lease, v, done, pttl, err := c.acquire(f)
 	switch {
 	case done:
-		return v, err, true, 0
+		return v, true, 0, err
 	case lease != nil:
 		c.stats.takeovers.Add(1)
 		c.sig.lease(f.key, LeaseTakenOver)
 		f.outcome = OutcomeLeader
 		if f.load == nil {
 			f.claim = lease // Begin: the caller builds the value
-			return nil, nil, true, 0
+			return nil, true, 0, nil
 		}
 		v, err := c.lead(f, lease, false)
-		return v, err, true, 0
+		return v, true, 0, err
 	}
-	return nil, nil, false, pttl
+	return nil, false, pttl, nil
 }
 
 // fallback applies Options.Fallback after a follower spent its budget.

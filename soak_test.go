@@ -151,7 +151,6 @@ func TestSoak(t *testing.T) {
 		t.FailNow()
 	}
 
-	var reps []soakReport
 	var total Stats
 	for i := range procs {
 		b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("report-%d.json", i)))
@@ -162,7 +161,6 @@ func TestSoak(t *testing.T) {
 		if err := json.Unmarshal(b, &r); err != nil {
 			t.Fatal(err)
 		}
-		reps = append(reps, r)
 		total = sumStatsOf(total, r.Stats)
 		if r.GoroutinesEnd > r.GoroutinesStart {
 			t.Errorf("worker %d: %d goroutines after closing its Cache, %d before it", i, r.GoroutinesEnd, r.GoroutinesStart)

@@ -105,15 +105,6 @@ func wait(t *testing.T, ch <-chan error, what string) {
 	}
 }
 
-func signal(ch chan struct{}) func() {
-	return func() {
-		select {
-		case ch <- struct{}{}:
-		default:
-		}
-	}
-}
-
 func recv(t *testing.T, ch <-chan struct{}, what string) {
 	t.Helper()
 	select {

@@ -80,15 +80,6 @@ func (p *proc) read(stdout io.Reader) {
 	close(p.replies)
 }
 
-// pids returns the workers' process ids.
-func (f *fleet) pids() []int {
-	var out []int
-	for _, p := range f.procs {
-		out = append(out, p.pid)
-	}
-	return out
-}
-
 func (f *fleet) has(pid int) bool {
 	for _, p := range f.procs {
 		if p.pid == pid {

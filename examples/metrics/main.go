@@ -31,6 +31,7 @@ import (
 	"github.com/herdkit/herd/middleware"
 	herdprom "github.com/herdkit/herd/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 )
@@ -54,7 +55,7 @@ func main() {
 
 	// One registry for the app; herd's metrics go on it too.
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(prometheus.NewGoCollector())
+	reg.MustRegister(collectors.NewGoCollector())
 	cache := herd.New(rdb, &herd.Options{
 		Observer: herdprom.NewObserver(reg, nil),
 		// Bounded labels: the route of each page (middleware.Options.Class
