@@ -1,0 +1,35 @@
+package mysql
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// TestAttackAcquireWaitLongerThanTTL: an Acquire that waits longer than
+// its lease length for a holder's release must get the lock (the lease
+// counts from the grant, not from the start of the wait). The holder
+// keeps the lock for 1s; the waiter asks for 400ms leases, with MaxWait
+// 5s, so the wait is allowed to last past its ttl.
+func TestAttackAcquireWaitLongerThanTTL(t *testing.T) {
+	l := newTestLocker(t, &Options{MaxWait: 5 * time.Second})
+	key := testName(t)
+	ctx := context.Background()
+	held, err := l.TryAcquire(ctx, key, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := newTestLocker(t, &Options{MaxWait: 5 * time.Second})
+	release := time.AfterFunc(time.Second, func() { _ = held.Release(ctx) })
+	defer release.Stop()
+	lease, err := waiter.Acquire(ctx, key, 400*time.Millisecond)
+	if err != nil {
+		t.Fatalf("Acquire after a 1s wait with a 400ms lease: got %v, want the lock", err)
+	}
+	if time.Until(lease.Deadline()) <= 0 {
+		t.Errorf("Deadline %v is already past when Acquire returns", lease.Deadline())
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Error(err)
+	}
+}
