@@ -396,7 +396,6 @@ func (l *Locker) wait(ctx context.Context, a *attempt, key string, ttl, d time.D
 	})
 	qctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
 	defer cancel()
-	a.start = time.Now()
 	var won sql.NullInt64
 	err := a.conn.QueryRowContext(qctx, "SELECT GET_LOCK('"+a.lock+"', "+seconds(d, a.maria)+")").Scan(&won)
 	if !stop() {
@@ -460,6 +459,10 @@ func (l *Locker) unlockAndPutBack(a *attempt) {
 // is committed whatever the DSN or the server's default say. On failure
 // it closes the connection, which frees the lock.
 func (l *Locker) finish(ctx context.Context, a *attempt, key string, ttl time.Duration) (*Lease, error) {
+	// The lease counts from this statement's start: the server's idle
+	// limit of ttl starts after it, and a GET_LOCK that waited for the
+	// lock may have been granted long after the wait began.
+	a.start = time.Now()
 	res, err := a.conn.ExecContext(ctx, "SET SESSION autocommit = 1, wait_timeout = "+strconv.FormatInt(waitTimeout(ttl), 10)+"; "+l.tokenSQL(a.lock))
 	var token int64
 	if err == nil {
