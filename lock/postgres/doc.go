@@ -33,10 +33,16 @@
 //
 // Each lease's token comes from the fence table of the same database (one
 // row per name, advanced with INSERT ... ON CONFLICT DO UPDATE ...
-// RETURNING on the lease's connection while it holds the lock): tokens of
-// a name strictly increase from one holder to the next, and they are as
-// durable as the database's commits (with synchronous_commit off, a crash
-// of the server can lose the last ones, and hand them out again).
+// RETURNING on the lease's connection while it holds the lock), and is
+// never below the server's clock in microseconds since 1970:
+//
+//	... DO UPDATE SET token = GREATEST(token + 1, <server clock in µs>)
+//
+// so tokens of a name strictly increase from one holder to the next, and
+// the clock floor keeps them increasing where the table lost its last
+// rows (deleted or dropped, which the next acquire repairs; restored from
+// an older backup; the last commits lost in a crash with
+// synchronous_commit off) as long as the server's clock is right.
 //
 // Acquire waits with LISTEN/NOTIFY: a Release unlocks and NOTIFYs in one
 // statement, and a Locker's one listening connection wakes its waiters on

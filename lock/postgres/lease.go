@@ -77,11 +77,14 @@ func newLease(l *Locker, c *pgx.Conn, name string, key int64, token uint64, ttl 
 	return lease
 }
 
-// Token returns the lease's fencing token: one more than the last token
-// of the lock's name in the fence table, taken while holding the lock, so
-// tokens of one name strictly increase from one holder to the next, across
-// Lockers, processes and server restarts (the fence table is an ordinary
-// table: it lasts as long as the database's committed data does). Pass it
+// Token returns the lease's fencing token, taken from the fence table
+// while holding the lock: the larger of one more than the name's last
+// token and the server's clock in microseconds since 1970. Tokens of one
+// name strictly increase from one holder to the next, across Lockers,
+// processes and server restarts (the fence table is an ordinary table: it
+// lasts as long as the database's committed data does), and the clock
+// keeps them increasing where the table lost its rows, as long as the
+// server's clock does. Pass it
 // to the protected resource, which must reject a token lower than the
 // highest it has seen ([FencedTable] does that for a row).
 func (l *Lease) Token() uint64 { return l.token }

@@ -404,7 +404,17 @@ func (l *Locker) try(ctx context.Context, name string, key int64, ttl time.Durat
 		return nil, fmt.Errorf("%w: %q", herd.ErrLeaseHeld, name)
 	}
 	var token int64
-	if err := c.QueryRow(ctx, l.tokenSQL(), []byte(name), strconv.FormatInt(ttl.Milliseconds(), 10)).Scan(&token, nil); err != nil {
+	err = c.QueryRow(ctx, l.tokenSQL(), []byte(name), strconv.FormatInt(ttl.Milliseconds(), 10)).Scan(&token, nil)
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		// The fence table was dropped since the Locker created it:
+		// create it again, on this connection (which holds the lock),
+		// and take the token once more.
+		if _, err = c.Exec(ctx, l.tableDDL()); err == nil {
+			err = c.QueryRow(ctx, l.tokenSQL(), []byte(name), strconv.FormatInt(ttl.Milliseconds(), 10)).Scan(&token, nil)
+		}
+	}
+	if err != nil {
 		closeConn(c)
 		return nil, l.callErr(ctx, name, fmt.Errorf("take the token: %w", err))
 	}
@@ -426,11 +436,16 @@ func (l *Locker) callErr(ctx context.Context, name string, err error) error {
 
 // tokenSQL advances name's row of the fence table and returns the new
 // token, and sets the session's idle limit to the lease length, in one
-// statement: $1 is the name, $2 the limit in milliseconds.
+// statement: $1 is the name, $2 the limit in milliseconds. The token is
+// one more than the last, and never below the server's clock in
+// microseconds, so that a fence table that lost its rows (deleted,
+// dropped, restored from an older backup, or the last commits lost with
+// synchronous_commit off) still hands out higher tokens.
 func (l *Locker) tokenSQL() string {
+	const clock = "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
 	t := tableIdent(l.cfg.table)
-	return "WITH f AS (INSERT INTO " + t + " AS f (name, token) VALUES ($1, 1) " +
-		"ON CONFLICT (name) DO UPDATE SET token = f.token + 1 RETURNING token) " +
+	return "WITH f AS (INSERT INTO " + t + " AS f (name, token) VALUES ($1, " + clock + ") " +
+		"ON CONFLICT (name) DO UPDATE SET token = GREATEST(f.token + 1, " + clock + ") RETURNING token) " +
 		"SELECT token, set_config('idle_session_timeout', $2, false) FROM f"
 }
 
@@ -442,6 +457,11 @@ func tableIdent(name string) string {
 		}
 	}
 	return pgx.Identifier{name}.Sanitize()
+}
+
+// tableDDL creates the fence table if it is missing.
+func (l *Locker) tableDDL() string {
+	return "CREATE TABLE IF NOT EXISTS " + tableIdent(l.cfg.table) + " (name bytea PRIMARY KEY, token bigint NOT NULL)"
 }
 
 // ensureTable creates the fence table if it is missing, once per Locker
@@ -456,7 +476,7 @@ func (l *Locker) ensureTable(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("herd: create the fence table: connect: %w", err)
 	}
-	ddl := "CREATE TABLE IF NOT EXISTS " + tableIdent(l.cfg.table) + " (name bytea PRIMARY KEY, token bigint NOT NULL)"
+	ddl := l.tableDDL()
 	for try := 0; ; try++ {
 		_, err = c.Exec(ctx, ddl)
 		var pgErr *pgconn.PgError
