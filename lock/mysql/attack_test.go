@@ -33,3 +33,32 @@ func TestAttackAcquireWaitLongerThanTTL(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestAttackFenceTableDropped: a Locker whose fence table was dropped
+// after it created it must create it again (its doc: "created if
+// missing"), and hand out higher tokens.
+func TestAttackFenceTableDropped(t *testing.T) {
+	l := newTestLocker(t, &Options{Table: "attack_dropped_fence"})
+	db := testDB(t)
+	ctx := context.Background()
+	key := testName(t)
+	lease, err := l.TryAcquire(ctx, key, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := lease.Token()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.ExecContext(ctx, "DROP TABLE attack_dropped_fence"); err != nil {
+		t.Fatal(err)
+	}
+	lease, err = l.TryAcquire(ctx, key, time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire after the fence table was dropped: %v", err)
+	}
+	defer lease.Release(ctx)
+	if lease.Token() <= first {
+		t.Errorf("token after the drop: %d, want above %d", lease.Token(), first)
+	}
+}
