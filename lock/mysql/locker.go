@@ -463,7 +463,17 @@ func (l *Locker) finish(ctx context.Context, a *attempt, key string, ttl time.Du
 	// limit of ttl starts after it, and a GET_LOCK that waited for the
 	// lock may have been granted long after the wait began.
 	a.start = time.Now()
-	res, err := a.conn.ExecContext(ctx, "SET SESSION autocommit = 1, wait_timeout = "+strconv.FormatInt(waitTimeout(ttl), 10)+"; "+l.tokenSQL(a.lock))
+	q := "SET SESSION autocommit = 1, wait_timeout = " + strconv.FormatInt(waitTimeout(ttl), 10) + "; " + l.tokenSQL(a.lock)
+	res, err := a.conn.ExecContext(ctx, q)
+	var myErr *mysql.MySQLError
+	if errors.As(err, &myErr) && myErr.Number == 1146 {
+		// The fence table was dropped since the Locker created it:
+		// create it again, on this connection (which holds the lock),
+		// and take the token once more.
+		if _, err = a.conn.ExecContext(ctx, l.tableDDL()); err == nil {
+			res, err = a.conn.ExecContext(ctx, q)
+		}
+	}
 	var token int64
 	if err == nil {
 		token, err = res.LastInsertId()
@@ -507,6 +517,12 @@ func ident(s string) string {
 	return "`" + strings.ReplaceAll(s, "`", "``") + "`"
 }
 
+// tableDDL creates the fence table if it is missing.
+func (l *Locker) tableDDL() string {
+	return "CREATE TABLE IF NOT EXISTS " + tableIdent(l.cfg.table) +
+		" (name VARBINARY(64) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
+}
+
 // ensureTable creates the fence table if it is missing, once per Locker
 // (again after a failure).
 func (l *Locker) ensureTable(ctx context.Context) error {
@@ -515,9 +531,7 @@ func (l *Locker) ensureTable(ctx context.Context) error {
 	if l.tableOK {
 		return nil
 	}
-	ddl := "CREATE TABLE IF NOT EXISTS " + tableIdent(l.cfg.table) +
-		" (name VARBINARY(64) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"
-	if _, err := l.db.ExecContext(ctx, ddl); err != nil {
+	if _, err := l.db.ExecContext(ctx, l.tableDDL()); err != nil {
 		return fmt.Errorf("herd: create the fence table %s: %w", l.cfg.table, err)
 	}
 	l.tableOK = true
