@@ -2,8 +2,12 @@ package postgres
 
 import (
 	"context"
+	"crypto/rand"
+	"errors"
 	"testing"
 	"time"
+
+	"github.com/herdkit/herd"
 )
 
 // TestAttackTokensAfterFenceRowsDeleted: Token's doc says tokens of one
@@ -60,5 +64,29 @@ func TestAttackFenceTableDropped(t *testing.T) {
 	defer lease.Release(ctx)
 	if lease.Token() <= first {
 		t.Errorf("token after the drop: %d, want above %d", lease.Token(), first)
+	}
+}
+
+// TestAttackLongName: TryAcquire's doc says any string but the empty one
+// is a valid name. A long name (random bytes do not compress) must be
+// lockable, and exclude a second holder.
+func TestAttackLongName(t *testing.T) {
+	l := newTestLocker(t, nil)
+	ctx := context.Background()
+	for _, n := range []int{3000, 100 << 10} {
+		b := make([]byte, n)
+		_, _ = rand.Read(b)
+		name := string(b)
+		lease, err := l.TryAcquire(ctx, name, time.Second)
+		if err != nil {
+			t.Errorf("a %d-byte name: TryAcquire: %.300s", n, err)
+			continue
+		}
+		if _, err := l.TryAcquire(ctx, name, time.Second); !errors.Is(err, herd.ErrLeaseHeld) {
+			t.Errorf("a %d-byte name, second TryAcquire: got %.300v, want ErrLeaseHeld", n, err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Error(err)
+		}
 	}
 }
