@@ -32,7 +32,8 @@
 // a Redis lease expires.
 //
 // Each lease's token comes from the fence table of the same database (one
-// row per name, advanced with INSERT ... ON CONFLICT DO UPDATE ...
+// row per name, keyed by the name itself, or by its SHA-256 for a name
+// longer than 1KB, which a btree index could not hold; advanced with INSERT ... ON CONFLICT DO UPDATE ...
 // RETURNING on the lease's connection while it holds the lock), and is
 // never below the server's clock in microseconds since 1970:
 //

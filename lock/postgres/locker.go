@@ -264,6 +264,22 @@ func lockKey(name string) int64 {
 	return int64(binary.BigEndian.Uint64(sum[:8]))
 }
 
+// maxRowName is the longest name kept as it is in the fence table; a
+// btree index entry holds at most about 2.7KB.
+const maxRowName = 1024
+
+// rowName is the fence table's key of a lock name: the name itself, or,
+// for a name longer than maxRowName, "herd-sha256:" and its SHA-256. Two
+// names that share a row (a short name spelled as another's digest) share
+// a counter, which still increases from one holder of each to the next.
+func rowName(name string) []byte {
+	if len(name) <= maxRowName {
+		return []byte(name)
+	}
+	sum := sha256.Sum256([]byte(name))
+	return append([]byte("herd-sha256:"), sum[:]...)
+}
+
 // prepare checks the arguments.
 func prepare(name string, ttl time.Duration) error {
 	if name == "" {
@@ -404,14 +420,14 @@ func (l *Locker) try(ctx context.Context, name string, key int64, ttl time.Durat
 		return nil, fmt.Errorf("%w: %q", herd.ErrLeaseHeld, name)
 	}
 	var token int64
-	err = c.QueryRow(ctx, l.tokenSQL(), []byte(name), strconv.FormatInt(ttl.Milliseconds(), 10)).Scan(&token, nil)
+	err = c.QueryRow(ctx, l.tokenSQL(), rowName(name), strconv.FormatInt(ttl.Milliseconds(), 10)).Scan(&token, nil)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 		// The fence table was dropped since the Locker created it:
 		// create it again, on this connection (which holds the lock),
 		// and take the token once more.
 		if _, err = c.Exec(ctx, l.tableDDL()); err == nil {
-			err = c.QueryRow(ctx, l.tokenSQL(), []byte(name), strconv.FormatInt(ttl.Milliseconds(), 10)).Scan(&token, nil)
+			err = c.QueryRow(ctx, l.tokenSQL(), rowName(name), strconv.FormatInt(ttl.Milliseconds(), 10)).Scan(&token, nil)
 		}
 	}
 	if err != nil {
