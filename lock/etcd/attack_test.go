@@ -1,0 +1,57 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/herdkit/herd"
+)
+
+// TestAttackCancelWithServerStalled: herd.Lock's contract says a wait cut
+// short by ctx returns at once. With the etcd server stopped (SIGSTOP),
+// an Acquire queued behind a holder must return promptly when its ctx is
+// cancelled, not after a request timeout spent on cleanup. The bound is
+// 500ms (the Locker's own request timeout is 5s, its cleanup's 1s).
+func TestAttackCancelWithServerStalled(t *testing.T) {
+	ctx := context.Background()
+	s := startServer(t)
+	name := testName(t)
+	const ttl = 5 * time.Second
+	a := newTestLocker(t, s.Endpoints(), nil)
+	b := newTestLocker(t, s.Endpoints(), nil)
+	held, err := a.TryAcquire(ctx, name, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ch := acquireAsync(t, wctx, b, name, ttl)
+	waitQueue(t, b.cli, b, name, 2)
+	if err := s.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			if err := s.Resume(); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	defer resume()
+	cancel()
+	cancelled := time.Now()
+	r := await(t, ch, 10*time.Second, "Acquire after cancel")
+	took := time.Since(cancelled)
+	resume()
+	if !errors.Is(r.err, herd.ErrLeaseHeld) || !errors.Is(r.err, context.Canceled) {
+		t.Errorf("Acquire: %v, want ErrLeaseHeld and context.Canceled", r.err)
+	}
+	if took > 500*time.Millisecond {
+		t.Errorf("Acquire returned %v after its context was cancelled, want at once (< 500ms)", took)
+	}
+	_ = held.Release(ctx)
+}
