@@ -29,7 +29,8 @@ import (
 // error joins [herd.ErrLeaseHeld] and ctx.Err(); when MaxWait runs out it
 // wraps [herd.ErrWaitTimeout] and ErrLeaseHeld. An etcd error ends the
 // wait and is returned wrapped. A wait that ends without the lock revokes
-// its etcd lease, which deletes its key from the queue (when that fails,
+// its etcd lease, which deletes its key from the queue, in the background
+// (Acquire returns at once; [Locker.Close] waits for it; when it fails,
 // the key goes when the etcd lease runs out, ttl after its last renewal).
 // Name and ttl are checked as in [Locker.TryAcquire]. After
 // [Locker.Close], and when Close ends its wait, it returns
@@ -56,7 +57,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	defer w.limit.Stop()
 	lease, err := w.run(bctx)
 	if err != nil && w.id != 0 {
-		l.revoke(w.id)
+		l.revokeLater(w.id) // the caller does not wait for a stalled server
 	}
 	if errors.Is(err, errWaitLimit) {
 		err = fmt.Errorf("%w after %v: %w", herd.ErrWaitTimeout, maxWait, herd.ErrLeaseHeld)

@@ -144,8 +144,9 @@ func (l *Locker) enter() error {
 func (l *Locker) leave() { l.calls.Done() }
 
 // Close stops the Locker: TryAcquire and Acquire called after it return
-// [herd.ErrClosed], and an Acquire still waiting returns it at once,
-// after deleting its place in the queue. Leases already handed out are
+// [herd.ErrClosed], and an Acquire still waiting returns it at once;
+// Close returns once the waiters' places in the queue are deleted (or
+// that failed, within a second each). Leases already handed out are
 // not released by Close: they use the client, which is the caller's, and
 // their Extend, KeepAlive and Release keep working while it is open.
 // Close is idempotent.
@@ -236,7 +237,13 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration) (*Leas
 		Then(clientv3.OpPut(key, name, clientv3.WithLease(id))).
 		Commit()
 	if err != nil || !resp.Succeeded {
-		l.revoke(id) // also deletes the key, if an ambiguous error hides a put
+		// The revoke also deletes the key, if an ambiguous error hides a
+		// put; in the background when ctx ended, which may be a stall.
+		if ctx.Err() != nil {
+			l.revokeLater(id)
+		} else {
+			l.revoke(id)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("take the lock: %w", err)
 		}
@@ -276,6 +283,17 @@ func (l *Locker) revoke(id clientv3.LeaseID) {
 	ctx, cancel := context.WithTimeout(context.Background(), min(l.cfg.timeout, time.Second))
 	defer cancel()
 	_, _ = l.cli.Revoke(ctx, id)
+}
+
+// revokeLater is revoke in a goroutine of its own, for a call that must
+// return at once (its context ended) even when etcd does not answer. The
+// caller holds a call of the Locker (enter), so Close waits for it.
+func (l *Locker) revokeLater(id clientv3.LeaseID) {
+	l.calls.Add(1)
+	go func() {
+		defer l.calls.Done()
+		l.revoke(id)
+	}()
 }
 
 // callErr maps an attempt's error for the caller: the context's end
