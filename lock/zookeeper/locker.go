@@ -380,7 +380,9 @@ func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration)
 // timeout) and a session the server expired (the attempt queues again at
 // the end). Name and ttl are checked as in [Locker.TryAcquire]. After
 // [Locker.Close], and when Close ends its wait, it returns
-// [herd.ErrClosed].
+// [herd.ErrClosed]. A wait cut short returns at once, even when the
+// server does not answer; the closing of its session goes on in the
+// background, and Close waits for it.
 func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	return l.acquire(ctx, name, ttl, true)
 }
@@ -399,12 +401,55 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wa
 	start := time.Now()
 	bctx, cancel := l.bound(ctx)
 	defer cancel()
+	// The attempt runs in a goroutine of its own, so that the call
+	// returns as soon as ctx ends (or Close is called) even when the
+	// server does not answer: zk's requests, and the closing of a
+	// session, wait for the connection until zk gives it up (two thirds
+	// of the session timeout). That goroutine finishes the attempt in the
+	// background, and Close waits for it.
+	type result struct {
+		lease *Lease
+		err   error
+	}
+	done := make(chan result, 1)
+	l.calls.Add(1) // within this call: Close waits for it
+	go func() {
+		defer l.calls.Done()
+		lease, err := l.try(bctx, name, ttl, wait, start)
+		done <- result{lease, err}
+	}()
+	select {
+	case r := <-done:
+		return r.lease, l.acquireErr(ctx, name, r.err)
+	case <-bctx.Done():
+	}
+	select {
+	case r := <-done:
+		if r.lease == nil {
+			return nil, l.acquireErr(ctx, name, r.err)
+		}
+		r.lease.abandon() // won as the wait was cut short
+	default:
+		l.calls.Add(1)
+		go func() {
+			defer l.calls.Done()
+			if r := <-done; r.lease != nil {
+				r.lease.abandon()
+			}
+		}()
+	}
+	return nil, l.acquireErr(ctx, name, context.Cause(bctx))
+}
+
+// try runs one TryAcquire or Acquire on a session of its own.
+func (l *Locker) try(bctx context.Context, name string, ttl time.Duration, wait bool, start time.Time) (*Lease, error) {
 	s, err := l.session(bctx, ttl)
 	if err != nil {
-		return nil, l.acquireErr(ctx, name, err)
+		return nil, err
 	}
 	// A context that ends, or Close, closes the session: a request in
-	// flight returns at once, and the server deletes the node.
+	// flight fails once zk's connection ends, and the server deletes the
+	// node.
 	stop := context.AfterFunc(bctx, s.close)
 	a := &attempt{l: l, s: s, name: name, parent: l.parent(name), ttl: ttl, start: start}
 	lease, err := a.run(bctx, wait)
@@ -417,7 +462,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wa
 			lease = nil
 		}
 		a.give(err)
-		return nil, l.acquireErr(ctx, name, err)
+		return nil, err
 	}
 	return lease, nil
 }
