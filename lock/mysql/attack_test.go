@@ -62,3 +62,28 @@ func TestAttackFenceTableDropped(t *testing.T) {
 		t.Errorf("token after the drop: %d, want above %d", lease.Token(), first)
 	}
 }
+
+// TestAttackKeepAliveCapBeforeFirstRenewal: KeepAlive's maxHold is an
+// absolute cap on the holding, counted from the acquire. A cap shorter
+// than the first renewal's wait (a third to a half of the lease) must
+// still end the lease at the cap, not at the lease's own end.
+func TestAttackKeepAliveCapBeforeFirstRenewal(t *testing.T) {
+	l := newTestLocker(t, nil)
+	ctx := context.Background()
+	const ttl, maxHold = 6 * time.Second, 300 * time.Millisecond
+	lease, err := l.TryAcquire(ctx, testName(t), ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	capAt := time.Now().Add(maxHold)
+	lease.KeepAlive(maxHold)
+	if d := lease.Deadline(); d.After(capAt) {
+		t.Errorf("Deadline %v after KeepAlive(%v), past the cap by %v", d, maxHold, d.Sub(capAt))
+	}
+	select {
+	case <-lease.Lost():
+	case <-time.After(ttl / 2):
+		t.Errorf("Lost still open %v after the acquire, with KeepAlive(%v)", ttl/2, maxHold)
+	}
+}
