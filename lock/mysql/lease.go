@@ -307,6 +307,12 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	var capAt time.Time
 	if maxHold > 0 {
 		capAt = l.acquired.Add(maxHold)
+		// A cap before the lease's end ends it there, even before the
+		// first renewal is due.
+		if l.deadline.After(capAt) {
+			l.deadline = capAt
+			l.expiry.Reset(time.Until(capAt))
+		}
 	}
 	go l.renew(w, capAt)
 }
