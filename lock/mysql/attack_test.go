@@ -2,8 +2,12 @@ package mysql
 
 import (
 	"context"
+	"errors"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/herdkit/herd"
 )
 
 // TestAttackAcquireWaitLongerThanTTL: an Acquire that waits longer than
@@ -85,5 +89,29 @@ func TestAttackKeepAliveCapBeforeFirstRenewal(t *testing.T) {
 	case <-lease.Lost():
 	case <-time.After(ttl / 2):
 		t.Errorf("Lost still open %v after the acquire, with KeepAlive(%v)", ttl/2, maxHold)
+	}
+}
+
+// TestAttackUpsertOtherUniqueKey: Upsert's doc says ErrFenced means the
+// row exists with a fence at or above the token. An insert that fails on
+// another unique index of the table (not the key) is no such thing: the
+// row does not exist, and the error must not wrap ErrFenced.
+func TestAttackUpsertOtherUniqueKey(t *testing.T) {
+	ctx := context.Background()
+	db := testDB(t)
+	name := "attack_unique_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+name+" (id int PRIMARY KEY, email varchar(64) NOT NULL UNIQUE, fence bigint NOT NULL DEFAULT 0)"); err != nil {
+		t.Fatal(err)
+	}
+	tbl := FencedTable{Table: name}
+	if err := tbl.Upsert(ctx, db, 1, 5, map[string]any{"email": "x@example.com"}); err != nil {
+		t.Fatal(err)
+	}
+	err := tbl.Upsert(ctx, db, 2, 7, map[string]any{"email": "x@example.com"})
+	if err == nil {
+		t.Fatal("Upsert of a duplicate email succeeded")
+	}
+	if errors.Is(err, herd.ErrFenced) {
+		t.Errorf("Upsert of row 2 (missing) with a duplicate email: %v; want a database error, not ErrFenced", err)
 	}
 }
