@@ -168,8 +168,10 @@ func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, se
 // is written only when its fence is below token. It returns nil when the
 // row was written and an error wrapping [herd.ErrFenced] when it was not
 // (the row exists with a fence at or above token). It needs a unique index
-// or primary key on the key column. It runs one statement when the row
-// exists and is written, two when it is inserted, and three when its
+// or primary key on the key column; an insert refused by another unique
+// index is returned as the database's error, not ErrFenced. It runs one
+// statement when the row
+// exists and is written, two when it is inserted, and four when its
 // INSERT finds the row there (it is fenced, or another writer inserted
 // it after the UPDATE: the UPDATE runs again then, so a row inserted by
 // an older token in between is still overwritten).
@@ -190,6 +192,7 @@ func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, se
 	}
 	insert := "INSERT INTO " + table + " (" + idCol + ", " + fenceCol + ", " + strings.Join(quoted, ", ") + ") " +
 		"VALUES (?, ?, " + strings.Join(params, ", ") + ")"
+	var dup error // the INSERT's ER_DUP_ENTRY
 	for try := 0; ; try++ {
 		wrote, err := f.update(ctx, db, id, token, cols, vals)
 		if err != nil {
@@ -199,11 +202,21 @@ func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, se
 			return nil
 		}
 		if try > 0 {
-			// The row exists (the INSERT said so) with a fence at or
-			// above token.
-			return fmt.Errorf("%w: %s %v: token %d is not above the row's fence", herd.ErrFenced, f.Table, id, token)
+			// The INSERT found a duplicate: the row, with a fence at or
+			// above token, or, when there is no such row, another
+			// unique index of the table.
+			var top int64
+			err := db.QueryRowContext(ctx, "SELECT "+fenceCol+" FROM "+table+" WHERE "+idCol+" = ? LOCK IN SHARE MODE", id).Scan(&top)
+			switch {
+			case errors.Is(err, sql.ErrNoRows):
+				return fmt.Errorf("herd: fenced upsert of %s %v: %w", f.Table, id, dup)
+			case err != nil:
+				return fmt.Errorf("herd: fenced upsert of %s %v: nothing written; reading its fence: %w", f.Table, id, err)
+			}
+			return fmt.Errorf("%w: %s %v: token %d is not above the row's fence %d", herd.ErrFenced, f.Table, id, token, top)
 		}
 		_, err = db.ExecContext(ctx, insert, append([]any{id, int64(token)}, vals...)...)
+		dup = err
 		var myErr *mysql.MySQLError
 		switch {
 		case err == nil:
