@@ -170,9 +170,8 @@ func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, se
 // (the row exists with a fence at or above token). It needs a unique index
 // or primary key on the key column; an insert refused by another unique
 // index is returned as the database's error, not ErrFenced. It runs one
-// statement when the row
-// exists and is written, two when it is inserted, and four when its
-// INSERT finds the row there (it is fenced, or another writer inserted
+// statement when the row exists and is written, two when it is inserted,
+// and four when its INSERT finds the row there (it is fenced, or another writer inserted
 // it after the UPDATE: the UPDATE runs again then, so a row inserted by
 // an older token in between is still overwritten).
 func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
