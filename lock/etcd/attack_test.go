@@ -80,3 +80,30 @@ func TestAttackKeepAliveCapBeforeFirstRenewal(t *testing.T) {
 		t.Errorf("Lost still open %v after the acquire, with KeepAlive(%v)", ttl/2, maxHold)
 	}
 }
+
+// TestAttackMaxWaitOverflow: MaxWait's default is three times the lease
+// length. For the longest leases the Locker accepts (up to
+// clientv3.MaxLeaseTTL seconds), three times that overflows a
+// time.Duration: an Acquire of a held lock must still wait (here until
+// its context ends), not fail at once with ErrWaitTimeout.
+func TestAttackMaxWaitOverflow(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocker(t, nil, nil)
+	name := testName(t)
+	held, err := l.TryAcquire(ctx, name, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	const ttl = 4_000_000_000 * time.Second // three times it wraps to a negative Duration
+	lease, err := l.Acquire(wctx, name, ttl)
+	if err == nil {
+		lease.Release(ctx)
+		t.Fatal("Acquire of a held lock succeeded")
+	}
+	if errors.Is(err, herd.ErrWaitTimeout) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Acquire with a %v lease: %v; want its context's end, not ErrWaitTimeout", ttl, err)
+	}
+}
