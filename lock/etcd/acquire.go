@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
 
@@ -49,6 +50,9 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	maxWait := l.cfg.maxWait
 	if maxWait == 0 {
 		maxWait = 3 * ttl
+		if ttl > math.MaxInt64/3 {
+			maxWait = math.MaxInt64 // 3×ttl overflows: no limit but ctx
+		}
 	}
 	bctx, cancel := l.bound(ctx)
 	defer cancel()
