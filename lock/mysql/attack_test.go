@@ -1,9 +1,13 @@
 package mysql
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -113,5 +117,163 @@ func TestAttackUpsertOtherUniqueKey(t *testing.T) {
 	}
 	if errors.Is(err, herd.ErrFenced) {
 		t.Errorf("Upsert of row 2 (missing) with a duplicate email: %v; want a database error, not ErrFenced", err)
+	}
+}
+
+// holdProxy is a TCP proxy to the MySQL server that holds the first
+// client packet containing match until release is closed, and reports on
+// held when it holds it and on seen when a packet containing see passes.
+type holdProxy struct {
+	ln      net.Listener
+	target  string
+	match   []byte
+	see     []byte
+	held    chan struct{}
+	seen    chan struct{}
+	release chan struct{}
+	once    sync.Once
+	seeOnce sync.Once
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	conns   []net.Conn
+}
+
+func newHoldProxy(t *testing.T, target string, match, see []byte) *holdProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &holdProxy{ln: ln, target: target, match: match, see: see,
+		held: make(chan struct{}), seen: make(chan struct{}), release: make(chan struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		ln.Close()
+		p.once.Do(func() {})
+		select {
+		case <-p.release:
+		default:
+			close(p.release)
+		}
+		p.mu.Lock()
+		for _, c := range p.conns {
+			c.Close()
+		}
+		p.mu.Unlock()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *holdProxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			c.Close()
+			continue
+		}
+		p.mu.Lock()
+		p.conns = append(p.conns, c, s)
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go func() { defer p.wg.Done(); _, _ = io.Copy(c, s); c.Close() }()
+		go func() {
+			defer p.wg.Done()
+			defer s.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					chunk := buf[:n]
+					if bytes.Contains(chunk, p.see) {
+						p.seeOnce.Do(func() { close(p.seen) })
+					}
+					if bytes.Contains(chunk, p.match) {
+						hold := false
+						p.once.Do(func() { hold = true })
+						if hold {
+							close(p.held)
+							<-p.release
+						}
+					}
+					if _, err := s.Write(chunk); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// TestAttackCancelBeforeWaitStarts: Acquire's doc says that when ctx
+// ends the Locker ends the server's GET_LOCK with KILL QUERY, and the call
+// returns (herd.Lock: "at once"). KILL QUERY of a session that is not
+// running a statement does nothing on the server, so a cancel whose KILL
+// lands before the GET_LOCK has started (here: the statement is held on
+// the way to the server until the KILL has passed) must not leave the
+// GET_LOCK waiting its whole WaitChunk (5s here). Bound: 2s.
+func TestAttackCancelBeforeWaitStarts(t *testing.T) {
+	ctx := context.Background()
+	cfg := testConfig(t)
+	proxy := newHoldProxy(t, cfg.Addr, []byte(", 5.000000)"), []byte("KILL QUERY"))
+	cfg.Addr = proxy.ln.Addr().String()
+	holder := newTestLocker(t, nil)
+	key := testName(t)
+	held, err := holder.TryAcquire(ctx, key, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	l := New(cfg, &Options{WaitChunk: 5 * time.Second, MaxWait: 30 * time.Second})
+	defer l.Close()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(wctx, key, 30*time.Second)
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		done <- err
+	}()
+	select {
+	case <-proxy.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting GET_LOCK never passed the proxy")
+	}
+	cancel()
+	select {
+	case <-proxy.seen:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no KILL QUERY passed the proxy after the cancel")
+	}
+	// Let the KILL reach the server before the held GET_LOCK does: the
+	// KILL's reply comes back through the proxy's other direction, which
+	// is not observed; a round trip on another connection orders it.
+	if _, err := testDB(t).ExecContext(ctx, "DO 1"); err != nil {
+		t.Fatal(err)
+	}
+	cancelled := time.Now()
+	close(proxy.release)
+	var got error
+	select {
+	case got = <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("Acquire did not return")
+	}
+	if took := time.Since(cancelled); took > 2*time.Second {
+		t.Errorf("Acquire returned %v after its GET_LOCK reached the server, its context cancelled before; want at once (< 2s)", took)
+	}
+	if !errors.Is(got, herd.ErrLeaseHeld) || !errors.Is(got, context.Canceled) {
+		t.Errorf("Acquire: %v, want ErrLeaseHeld and context.Canceled", got)
 	}
 }
