@@ -389,15 +389,30 @@ func (l *Locker) wait(ctx context.Context, a *attempt, key string, ttl, d time.D
 	// connection, and the server would go on waiting for the lock);
 	// ctx's end kills it from another connection instead. Its own
 	// deadline only bounds a network that stopped answering.
+	// KILL QUERY does nothing to a session between statements, and the
+	// KILL may reach the server before the GET_LOCK does: it is sent
+	// again, every 50ms, until the GET_LOCK has returned.
 	killed := make(chan struct{})
+	returned := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
 		defer close(killed)
 		l.kill(a.id)
+		again := time.NewTicker(50 * time.Millisecond)
+		defer again.Stop()
+		for {
+			select {
+			case <-returned:
+				return
+			case <-again.C:
+				l.kill(a.id)
+			}
+		}
 	})
 	qctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
 	defer cancel()
 	var won sql.NullInt64
 	err := a.conn.QueryRowContext(qctx, "SELECT GET_LOCK('"+a.lock+"', "+seconds(d, a.maria)+")").Scan(&won)
+	close(returned)
 	if !stop() {
 		<-killed // the KILL has landed: no later statement can be hit by it
 	}
