@@ -115,3 +115,71 @@ func TestAttackKeepAliveCapBeforeFirstRenewal(t *testing.T) {
 		t.Errorf("Lost still open %v after the acquire, with KeepAlive(%v)", ttl/2, maxHold)
 	}
 }
+
+// TestAttackCancelWhileTableCreationBlocks: TryAcquire's context bounds
+// the call. While another attempt of the Locker is stuck creating the
+// fence table (its CREATE waits for another session's uncommitted CREATE
+// of the same table), a TryAcquire with a short context must return when
+// that context ends, not when the other attempt does. Bound: 2s (the
+// context is 200ms; the stuck attempt's is 20s).
+func TestAttackCancelWhileTableCreationBlocks(t *testing.T) {
+	ctx := context.Background()
+	admin := testConn(t)
+	const table = "attack_blocked_fence"
+	tx, err := admin.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "CREATE TABLE "+table+" (name bytea PRIMARY KEY, token bigint NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLocker(t, &Options{Table: table})
+	stuckCtx, stuckCancel := context.WithTimeout(ctx, 20*time.Second)
+	defer stuckCancel()
+	stuck := make(chan error, 1)
+	go func() {
+		lease, err := l.TryAcquire(stuckCtx, testName(t), time.Second)
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		stuck <- err
+	}()
+	// Wait until the stuck attempt's CREATE waits for the lock.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var n int
+		if err := testConn(t).QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'CREATE TABLE IF NOT EXISTS%'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first attempt's CREATE never waited")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		lease, err := l.TryAcquire(short, testName(t), time.Second)
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("TryAcquire: %v, want its context's end", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("TryAcquire with a 200ms context still running after %v", time.Since(start))
+	}
+	tx.Rollback(ctx)
+	stuckCancel()
+	<-stuck
+	<-done
+}
