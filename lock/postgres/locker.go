@@ -143,8 +143,8 @@ type Locker struct {
 
 	idle chan *pgx.Conn // connections for attempts, none of them holding a lock
 
-	tableMu sync.Mutex
-	tableOK bool // the fence table exists
+	tableMu chan struct{} // a semaphore of one: guards tableOK, waited for with the caller's context
+	tableOK bool          // the fence table exists
 
 	root   context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -169,7 +169,7 @@ func New(conf *pgx.ConnConfig, opt *Options) *Locker {
 		panic("postgres: New with a nil *pgx.ConnConfig")
 	}
 	cfg := opt.resolve()
-	l := &Locker{conf: conf.Copy(), cfg: cfg}
+	l := &Locker{conf: conf.Copy(), cfg: cfg, tableMu: make(chan struct{}, 1)}
 	l.conf.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
 	}
@@ -483,8 +483,12 @@ func (l *Locker) tableDDL() string {
 // ensureTable creates the fence table if it is missing, once per Locker
 // (again after a failure).
 func (l *Locker) ensureTable(ctx context.Context) error {
-	l.tableMu.Lock()
-	defer l.tableMu.Unlock()
+	select {
+	case l.tableMu <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("herd: create the fence table: %w", context.Cause(ctx))
+	}
+	defer func() { <-l.tableMu }()
 	if l.tableOK {
 		return nil
 	}
