@@ -277,3 +277,78 @@ func TestAttackCancelBeforeWaitStarts(t *testing.T) {
 		t.Errorf("Acquire: %v, want ErrLeaseHeld and context.Canceled", got)
 	}
 }
+
+// TestAttackCancelWhileTableCreationBlocks: as in lock/postgres: while
+// another attempt of the Locker is stuck creating the fence table (its
+// CREATE TABLE IF NOT EXISTS waits for the metadata lock that another
+// session's open transaction holds on the table), a TryAcquire with a
+// short context must return when that context ends. Bound: 2s (the
+// context is 200ms; the stuck attempt's is 20s).
+func TestAttackCancelWhileTableCreationBlocks(t *testing.T) {
+	ctx := context.Background()
+	db := testDB(t)
+	const table = "attack_blocked_fence"
+	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (name VARBINARY(64) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, "LOCK TABLES "+table+" WRITE"); err != nil {
+		t.Fatal(err)
+	}
+	l := newTestLocker(t, &Options{Table: table})
+	stuckCtx, stuckCancel := context.WithTimeout(ctx, 20*time.Second)
+	defer stuckCancel()
+	stuck := make(chan error, 1)
+	go func() {
+		lease, err := l.TryAcquire(stuckCtx, testName(t), time.Second)
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		stuck <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		var n int
+		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.processlist WHERE state LIKE 'Waiting for table metadata lock' AND info LIKE 'CREATE TABLE IF NOT EXISTS%'").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the first attempt's CREATE never waited")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() {
+		lease, err := l.TryAcquire(short, testName(t), time.Second)
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		done <- err
+	}()
+	returned := false
+	select {
+	case err := <-done:
+		returned = true
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("TryAcquire: %v, want its context's end", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("TryAcquire with a 200ms context still running after %v", time.Since(start))
+	}
+	_, _ = tx.ExecContext(ctx, "UNLOCK TABLES")
+	tx.Rollback()
+	stuckCancel()
+	<-stuck
+	if !returned {
+		<-done
+	}
+}
