@@ -140,8 +140,8 @@ type Locker struct {
 	db  *sql.DB
 	cfg config
 
-	tableMu sync.Mutex
-	tableOK bool // the fence table exists
+	tableMu chan struct{} // a semaphore of one: guards tableOK, waited for with the caller's context
+	tableOK bool          // the fence table exists
 
 	root   context.Context // cancelled by Close
 	cancel context.CancelFunc
@@ -174,7 +174,7 @@ func New(cfg *mysql.Config, opt *Options) *Locker {
 	if err != nil {
 		panic(fmt.Sprintf("mysql: New: %v", err))
 	}
-	l := &Locker{db: sql.OpenDB(conn), cfg: c}
+	l := &Locker{db: sql.OpenDB(conn), cfg: c, tableMu: make(chan struct{}, 1)}
 	l.db.SetMaxIdleConns(c.idle)
 	l.root, l.cancel = context.WithCancel(context.Background())
 	return l
@@ -541,8 +541,12 @@ func (l *Locker) tableDDL() string {
 // ensureTable creates the fence table if it is missing, once per Locker
 // (again after a failure).
 func (l *Locker) ensureTable(ctx context.Context) error {
-	l.tableMu.Lock()
-	defer l.tableMu.Unlock()
+	select {
+	case l.tableMu <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("herd: create the fence table: %w", context.Cause(ctx))
+	}
+	defer func() { <-l.tableMu }()
 	if l.tableOK {
 		return nil
 	}
