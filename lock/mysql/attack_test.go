@@ -352,3 +352,31 @@ func TestAttackCancelWhileTableCreationBlocks(t *testing.T) {
 		<-done
 	}
 }
+
+// TestAttackLeaseAfterClose: Close's doc says leases handed out before it
+// keep working: Extend and Release succeed, and the lock is free
+// afterwards.
+func TestAttackLeaseAfterClose(t *testing.T) {
+	ctx := context.Background()
+	l := New(testConfig(t), nil)
+	key := testName(t)
+	lease, err := l.TryAcquire(ctx, key, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Extend(ctx, 2*time.Second); err != nil {
+		t.Errorf("Extend after Close: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Errorf("Release after Close: %v", err)
+	}
+	other := newTestLocker(t, nil)
+	next, err := other.TryAcquire(ctx, key, time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire after the release: %v", err)
+	}
+	next.Release(ctx)
+}
