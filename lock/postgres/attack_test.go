@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -185,5 +186,39 @@ func TestAttackCancelWhileTableCreationBlocks(t *testing.T) {
 	<-stuck
 	if !returned {
 		<-done
+	}
+}
+
+// TestAttackHostileKeys: any string but the empty one is a valid name,
+// and distinct names are distinct locks: names that escape to prefixes
+// of one another, or that look like escapes, path separators, NUL bytes,
+// invalid UTF-8 and long names can all be held at once.
+func TestAttackHostileKeys(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocker(t, nil)
+	base := testName(t)
+	names := []string{
+		base, base + "/", base + "/x", base + "%2F", base + "%252F", base + "%", base + ".",
+		base + "/..", base + "\x00", base + "\xff\xfe", base + "é", base + " ", base + "/" + base,
+		strings.Repeat("k", 10<<10),
+	}
+	var leases []*Lease
+	for _, n := range names {
+		lease, err := l.TryAcquire(ctx, n, 2*time.Second)
+		if err != nil {
+			t.Errorf("TryAcquire %.60q while the others are held: %.200v", n, err)
+			continue
+		}
+		leases = append(leases, lease)
+	}
+	for _, n := range names {
+		if _, err := l.TryAcquire(ctx, n, 2*time.Second); !errors.Is(err, herd.ErrLeaseHeld) {
+			t.Errorf("second TryAcquire of %.60q: %.200v, want ErrLeaseHeld", n, err)
+		}
+	}
+	for _, lease := range leases {
+		if err := lease.Release(ctx); err != nil {
+			t.Error(err)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"errors"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -159,5 +160,39 @@ func TestAttackKeepAliveCapBeforeFirstRenewal(t *testing.T) {
 	case <-lease.Lost():
 	case <-time.After(ttl / 2):
 		t.Errorf("Lost still open %v after the acquire, with KeepAlive(%v)", ttl/2, maxHold)
+	}
+}
+
+// TestAttackHostileKeys: any string but the empty one is a valid name,
+// and distinct names are distinct locks: names that escape to prefixes
+// of one another, or that look like escapes, path separators, NUL bytes,
+// invalid UTF-8 and long names can all be held at once.
+func TestAttackHostileKeys(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocker(t, nil, nil)
+	base := testName(t)
+	names := []string{
+		base, base + "/", base + "/x", base + "%2F", base + "%252F", base + "%", base + ".",
+		base + "/..", base + "\x00", base + "\xff\xfe", base + "é", base + " ", base + "/" + base,
+		strings.Repeat("k", 10<<10),
+	}
+	var leases []*Lease
+	for _, n := range names {
+		lease, err := l.TryAcquire(ctx, n, 2*time.Second)
+		if err != nil {
+			t.Errorf("TryAcquire %.60q while the others are held: %.200v", n, err)
+			continue
+		}
+		leases = append(leases, lease)
+	}
+	for _, n := range names {
+		if _, err := l.TryAcquire(ctx, n, 2*time.Second); !errors.Is(err, herd.ErrLeaseHeld) {
+			t.Errorf("second TryAcquire of %.60q: %.200v, want ErrLeaseHeld", n, err)
+		}
+	}
+	for _, lease := range leases {
+		if err := lease.Release(ctx); err != nil {
+			t.Error(err)
+		}
 	}
 }
