@@ -84,9 +84,9 @@ func newLease(l *Locker, c *pgx.Conn, name string, key int64, token uint64, ttl 
 // processes and server restarts (the fence table is an ordinary table: it
 // lasts as long as the database's committed data does), and the clock
 // keeps them increasing where the table lost its rows, as long as the
-// server's clock does. Pass it
-// to the protected resource, which must reject a token lower than the
-// highest it has seen ([FencedTable] does that for a row).
+// server's clock does. Pass it to the protected resource, which must
+// reject a token lower than the highest it has seen ([FencedTable] does
+// that for a row).
 func (l *Lease) Token() uint64 { return l.token }
 
 // Key returns the lock name the lease was acquired for.
@@ -282,12 +282,14 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 	start := time.Now()
 	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
+	var closed bool // read while the statement has the connection: lose's unlock may use it next
 	err := l.use(func(c *pgx.Conn) error {
 		_, err := c.Exec(qctx, "SELECT set_config('idle_session_timeout', $1, false)", strconv.FormatInt(ttl.Milliseconds(), 10))
+		closed = err != nil && c.IsClosed()
 		return err
 	})
 	if err != nil {
-		if errors.Is(err, errEnded) || l.conn.IsClosed() {
+		if errors.Is(err, errEnded) || closed {
 			l.lose()
 			return fmt.Errorf("%w: %q: %w", herd.ErrLeaseLost, l.name, err)
 		}
