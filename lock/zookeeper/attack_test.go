@@ -196,3 +196,44 @@ func TestAttackHostileKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackConcurrentRelease: a Lease's methods are safe for concurrent
+// use. Two Releases of one lease at once must not touch what the lease
+// no longer owns: the loser of the race must not close the session that
+// the winner has handed back to the Locker for its next attempts (which
+// would end the lock of whatever lease took that session), and neither
+// may report the lease lost, since it was released.
+func TestAttackConcurrentRelease(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocker(t, nil, &Options{IdleSessions: 4})
+	for i := 0; i < 30; i++ {
+		lease, err := l.TryAcquire(ctx, testName(t), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 2)
+		start := make(chan struct{})
+		for range 2 {
+			go func() {
+				<-start
+				errs <- lease.Release(ctx)
+			}()
+		}
+		close(start)
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Errorf("round %d: a concurrent Release: %v", i, err)
+			}
+		}
+		l.idleMu.Lock()
+		for _, s := range l.idle {
+			if _, _, up := s.info(); !up {
+				t.Errorf("round %d: the Locker keeps a session for later attempts that a Release closed", i)
+			}
+		}
+		l.idleMu.Unlock()
+		if t.Failed() {
+			return
+		}
+	}
+}
