@@ -37,6 +37,8 @@ type Lease struct {
 	stop     chan struct{} // closed by Release: the node watcher ends
 	watching chan struct{} // closed when the node watcher ends
 
+	rel sync.Mutex // serialises Release: a second call sees the first's outcome
+
 	mu       sync.Mutex
 	end      time.Time // the lease's own deadline: Lost closes then
 	valid    time.Time // the session's known validity (see Deadline)
@@ -366,6 +368,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
+	l.rel.Lock()
+	defer l.rel.Unlock()
 	l.mu.Lock()
 	first := !l.released
 	l.released = true
