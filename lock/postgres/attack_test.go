@@ -222,3 +222,35 @@ func TestAttackHostileKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestAttackConcurrentRelease: a Lease's methods are safe for concurrent
+// use, and releasing again after a successful Release returns nil: two
+// Releases of one lease at once must both return nil (neither may report
+// the lease lost: it was released).
+func TestAttackConcurrentRelease(t *testing.T) {
+	ctx := context.Background()
+	l := newTestLocker(t, nil)
+	for i := 0; i < 30; i++ {
+		lease, err := l.TryAcquire(ctx, testName(t), 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, 2)
+		start := make(chan struct{})
+		for range 2 {
+			go func() {
+				<-start
+				errs <- lease.Release(ctx)
+			}()
+		}
+		close(start)
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Errorf("round %d: a concurrent Release: %v", i, err)
+			}
+		}
+		if t.Failed() {
+			return
+		}
+	}
+}
