@@ -31,6 +31,8 @@ type Lease struct {
 
 	op sync.Mutex // serialises the lease's requests that change it: extend, release
 
+	rel sync.Mutex // serialises Release: a second call sees the first's outcome
+
 	mu       sync.Mutex // guards the fields below
 	id       clientv3.LeaseID
 	ttl      time.Duration // the current length: the acquire's, or the last Extend's
@@ -428,6 +430,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
+	l.rel.Lock()
+	defer l.rel.Unlock()
 	l.mu.Lock()
 	l.released = true
 	freed, lost := l.freed, l.isLost

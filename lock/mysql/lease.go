@@ -42,6 +42,8 @@ type Lease struct {
 	connMu sync.Mutex // serialises the statements on conn, and guards ended
 	ended  bool       // conn is closed: no statement may start
 
+	rel sync.Mutex // serialises Release: a second call sees the first's outcome
+
 	mu       sync.Mutex // guards the fields below
 	deadline time.Time
 	expiry   *time.Timer
@@ -381,6 +383,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
+	l.rel.Lock()
+	defer l.rel.Unlock()
 	l.mu.Lock()
 	l.released = true
 	freed, lost := l.freed, l.isLost

@@ -36,6 +36,8 @@ type Lease struct {
 	lost     chan struct{}
 	watching chan struct{} // closed when the connection's watcher ends
 
+	rel sync.Mutex // serialises Release: a second call sees the first's outcome
+
 	mu        sync.Mutex // guards the fields below and the use of conn
 	cond      *sync.Cond // signalled when busy or ended changes
 	busy      bool       // a statement or the watcher has conn
@@ -420,6 +422,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
+	l.rel.Lock()
+	defer l.rel.Unlock()
 	l.mu.Lock()
 	l.released = true
 	freed, lost := l.freed, l.isLost
