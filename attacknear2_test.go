@@ -7,6 +7,7 @@ package herd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strconv"
 	"sync"
@@ -359,4 +360,186 @@ func TestAttackInlineHitsPeek(t *testing.T) {
 	if took < readTimeout/2 {
 		t.Errorf("Peek left at its deadline (%v): then InlineHits does not reach Peek and its doc should not say so", took)
 	}
+}
+
+func init() {
+	workerRoles["atknearbegin"] = atkNearBeginWorker
+}
+
+// The near cache's promise through Begin (the middleware's entry point),
+// across OS processes: three workers hold a near copy of one key and read
+// it with Begin; each round one of them writes it, by Set, by
+// Invalidate and a Fill's Commit, or by InvalidateTag and a Fill's
+// Commit. The writer's own Begin after the write returned must see it at
+// once; every other worker's Begin that starts once Staleness has passed
+// since the write returned (its return travels by a bookkeeping key) must
+// see it too; earlier ones may return either value, or a Fill (handed
+// over) while the key is missing.
+func TestAttackNear2BeginAcrossProcesses(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	const procs, rounds = 3, 9
+	prefix := cpNewPrefix()
+	seed := New(rdb, &Options{Prefix: prefix})
+	if err := seed.SetTagged(context.Background(), cpKey(prefix, "hot"), []byte("v0"), time.Hour, "t"); err != nil {
+		t.Fatal(err)
+	}
+	seed.Close()
+	p := startWorkers(t, procs, "atknearbegin", cpEnvFor("redis", []string{srv.Addr()}, prefix, "", procs, 1, rounds)...)
+	p.wait(2 * time.Minute)
+	if t.Failed() {
+		t.FailNow()
+	}
+	for _, r := range cpReports(t, rdb, prefix, procs) {
+		if s := r.Stats; s.NearHits < 20*rounds {
+			t.Errorf("worker %d: %d near hits, want at least %d", r.Inst, s.NearHits, 20*rounds)
+		}
+		t.Logf("worker %d: %v", r.Inst, r.Log)
+	}
+}
+
+func atkNearBeginWorker(ctx context.Context, _ string) error {
+	w, err := cpNewWorker()
+	if err != nil {
+		return err
+	}
+	defer w.rdb.Close()
+	c := New(w.rdb, &Options{Prefix: w.prefix, Near: NearOptions{MaxEntries: 100, MaxAge: time.Hour, Staleness: nearProcStaleness}})
+	defer c.Close()
+	for deadline := time.Now().Add(cpBarrierTimeout); !nearServing(c); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return errors.New("the near cache never served")
+		}
+	}
+	key := w.key("hot")
+	// begin returns the value a Begin found, or "" when it got a Fill
+	// (handed over at once: the key is being rebuilt).
+	begin := func() (string, error) {
+		bctx, cancel := context.WithTimeout(ctx, cpGetTimeout)
+		defer cancel()
+		hit, fill, err := c.Begin(bctx, key, time.Hour, nil)
+		switch {
+		case err != nil:
+			return "", err
+		case fill != nil:
+			fill.Handover()
+			return "", nil
+		}
+		return string(hit.Value), nil
+	}
+	// build writes cur through a Fill, after an invalidation made the key
+	// missing.
+	build := func(cur string) error {
+		for deadline := time.Now().Add(cpBarrierTimeout); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			hit, fill, err := c.Begin(ctx, key, time.Hour, nil)
+			if err != nil {
+				if errors.Is(err, ErrLoadFailed) {
+					continue
+				}
+				return err
+			}
+			if fill != nil {
+				if err := fill.SetTags("t"); err != nil {
+					return err
+				}
+				return fill.Commit([]byte(cur), time.Hour, 0)
+			}
+			_ = hit // another worker's Begin found the key missing and handed over: look again
+		}
+		return errors.New("no Fill after the invalidation")
+	}
+	var worst time.Duration
+	fills := 0
+	for r := 1; r <= w.waves; r++ {
+		prev, cur := "v"+strconv.Itoa(r-1), "v"+strconv.Itoa(r)
+		for deadline := time.Now().Add(cpBarrierTimeout); ; time.Sleep(time.Millisecond) {
+			v, err := begin()
+			if err != nil || v != prev {
+				return fmt.Errorf("round %d: before the write, Begin = %q, %v; want %q", r, v, err, prev)
+			}
+			if nearHas(c, key) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("round %d: no near copy", r)
+			}
+		}
+		before := c.Stats()
+		for range 20 {
+			if v, err := begin(); err != nil || v != prev {
+				return fmt.Errorf("round %d: from memory, Begin = %q, %v", r, v, err)
+			}
+		}
+		if d := statsDelta(before, c.Stats()); d.NearHits != 20 {
+			return fmt.Errorf("round %d: 20 Begins of a near copy made %d near hits", r, d.NearHits)
+		}
+		if err := w.barrier(ctx, "ready-"+strconv.Itoa(r)); err != nil {
+			return err
+		}
+		written := w.key("written", strconv.Itoa(r))
+		if w.inst == r%w.procs {
+			var err error
+			switch r % 3 {
+			case 0:
+				err = c.SetTagged(ctx, key, []byte(cur), time.Hour, "t")
+			case 1:
+				if err = c.Invalidate(ctx, key); err == nil {
+					err = build(cur)
+				}
+			case 2:
+				if err = c.InvalidateTag(ctx, "t"); err == nil {
+					err = build(cur)
+				}
+			}
+			if err != nil {
+				return fmt.Errorf("round %d: write: %w", r, err)
+			}
+			if v, err := begin(); err != nil || v != cur {
+				return fmt.Errorf("round %d: the writer's own Begin after its write returned = %q, %v; want %q", r, v, err, cur)
+			}
+			if err := w.rdb.Set(ctx, written, "1", time.Hour).Err(); err != nil {
+				return err
+			}
+		} else {
+			for deadline := time.Now().Add(cpBarrierTimeout); ; time.Sleep(time.Millisecond) {
+				n, err := w.rdb.Exists(ctx, written).Result()
+				if err != nil {
+					return err
+				}
+				if n == 1 {
+					break
+				}
+				if time.Now().After(deadline) {
+					return fmt.Errorf("round %d: the write never returned", r)
+				}
+			}
+			acked := time.Now()
+			for {
+				start := time.Now()
+				v, err := begin()
+				if err != nil && !errors.Is(err, ErrLoadFailed) || v != prev && v != cur && v != "" {
+					return fmt.Errorf("round %d: after the write, Begin = %q, %v", r, v, err)
+				}
+				if v == "" {
+					fills++
+				}
+				if v == prev {
+					worst = max(worst, start.Sub(acked))
+				}
+				if start.Sub(acked) > nearProcStaleness {
+					if v != cur {
+						return fmt.Errorf("round %d: a Begin %v after the write returned got %q (bound %v)", r, start.Sub(acked), v, nearProcStaleness)
+					}
+					break
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		if err := w.barrier(ctx, "done-"+strconv.Itoa(r)); err != nil {
+			return err
+		}
+	}
+	rep := &cpReport{Inst: w.inst, Pid: w.pid, Stats: c.Stats(),
+		Log: []string{fmt.Sprintf("old value seen at most %v after a write returned; %d Fills handed over", worst, fills)}}
+	return w.report(ctx, rep)
 }
