@@ -589,3 +589,40 @@ func TestAttackInlineHitsClose(t *testing.T) {
 		t.Fatalf("the inline Get after Close: %v, want its value or ErrClosed", err)
 	}
 }
+
+// MaxAge caps a copy from its read, on the monotonic clock too (see
+// TestAttackNearMaxAgeWallClockStep). The copy's monotonic deadline was
+// taken when the fill inserted, not when it read: a fill held up between
+// the two (here by a hook; a preempted goroutine, a GC pause) stretched
+// MaxAge by that delay, and with the wall clock stepped back nothing else
+// ended the copy.
+func TestAttackNear2MaxAgeFromTheRead(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	const maxAge = 300 * time.Millisecond
+	c := newNearCache(t, srv.Client(t), NearOptions{MaxAge: maxAge, Staleness: 5 * time.Second}, nil)
+	var step atomic.Int64
+	c.now = func() time.Time { return time.Now().Add(-time.Duration(step.Load())) }
+	const key = "atk2-near-maxage-read"
+	rawSetEnv(t, rdb, key, c.newEnvelope(0, []byte("v1"), time.Hour, 0, 0))
+	fill := newGate()
+	setHooks(c, &nearHooks{beforeFill: func(string) { fill.pass() }})
+	fill.close()
+	defer fill.release()
+	done := make(chan struct{})
+	go func() { getString(t, c, key); close(done) }()
+	waitFor(t, 5*time.Second, "the fill to read v1", func() bool { return fill.passed.Load() == 1 })
+	read := time.Now()           // the fill read before this
+	step.Store(int64(time.Hour)) // the wall clock steps back
+	time.Sleep(2 * maxAge)       // the fill is held past MaxAge
+	fill.release()
+	<-done
+	if !nearHas(c, key) {
+		t.Fatal("the fill kept no copy (no write was made): the test proves nothing")
+	}
+	before := c.Stats()
+	getString(t, c, key)
+	if d := statsDelta(before, c.Stats()); d.NearHits != 0 {
+		t.Fatalf("a near hit %v after the copy was read (MaxAge %v)", time.Since(read), maxAge)
+	}
+}
