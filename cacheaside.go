@@ -424,9 +424,10 @@ func stripe(key string) int { return int(maphash.String(stripeSeed, key) % 64) }
 // returned a value is still committed, so its value is stored and its
 // lease released. Callers still
 // waiting in Get, Fetch, Begin or Peek return [ErrClosed] at once, but
-// for a Get or Peek whose ctx cannot end and whose GET is under way: it
-// returns when that GET does (see [Cache.Get]). A Redis
-// command already sent cannot be taken back: Close waits for it, for up to
+// for a Get or Peek whose ctx cannot end (or any, with
+// [Options.InlineHits]) and whose GET is under way: it returns when that
+// GET does (see [Cache.Get]), and Close does not wait for it. A Redis
+// command sent from the Cache's own goroutines cannot be taken back: Close waits for it, for up to
 // the client's ReadTimeout and WriteTimeout (keep them short). Every later call
 // of Get, [Fetch], Begin, Peek, Set, Invalidate and InvalidateSoft returns [ErrClosed], without
 // touching Redis. A Fill that Close aborted has given its lease back: its

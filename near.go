@@ -478,6 +478,7 @@ type nearResult struct {
 	pre    *preRead  // otherwise, the read for the flight (nil: none was made)
 	sent   int64     // mono() when the GET was sent
 	writes uint64    // the key's local write count before the GET (see currency)
+	seq    uint64    // the key's stripe sequence before the GET
 }
 
 // nearHit answers Get from process memory, before anything else of Get:
@@ -548,7 +549,10 @@ func (c *Cache) nearLook(ctx context.Context, key, vkey string) (e nearEntry, do
 		return e, true, nil, nil
 	}
 	c.stats.nearMisses.Add(1)
-	entered, writes := n.mono(), c.writesOf(key)
+	// What this caller knows of when it joins: the key's write count, and
+	// the drops of its stripe (messages, this process's writes and
+	// commits) it could have seen.
+	entered, writes, dropped := n.mono(), c.writesOf(key), n.seq[nearStripe(id)].Load()
 	ch := n.fills.DoChan(key, func() (any, error) { return c.nearFill(key, vkey, id), nil })
 	if h := n.hooks.Load(); h != nil && h.joined != nil {
 		h.joined(key)
@@ -574,6 +578,19 @@ func (c *Cache) nearLook(ctx context.Context, key, vkey string) (e nearEntry, do
 		if entered-res.sent > int64(n.cfg.staleness) {
 			// Joined later than Staleness after the GET was sent: a
 			// write another process made in between may be missing.
+			return e, false, nil, nil
+		}
+		if res.seq < dropped {
+			// The fill's read predates a drop of the key's stripe that
+			// came before this caller: a commit of this process (which
+			// the write count does not show) or a message. The fill's
+			// insert was refused; so is its answer.
+			return e, false, nil, nil
+		}
+		if !n.usable(res.e, n.mono()) {
+			// A flush (a lost subscription) came, or the fresh period or
+			// MaxAge ended, since the fill judged the value: the fill may
+			// have been held up between its GET and its return.
 			return e, false, nil, nil
 		}
 		return res.e, true, nil, nil
@@ -628,7 +645,7 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 	}()
 	n := c.near
 	snap := n.snapshot(id)
-	res.writes = c.writesOf(key)
+	res.writes, res.seq = c.writesOf(key), snap.seq
 	if !snap.live || c.brk.troubled.Load() {
 		return res // the flight asks the breaker
 	}

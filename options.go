@@ -394,8 +394,9 @@ type Options struct {
 	// per hit (README, "What a hit costs"). The price: a caller whose ctx
 	// ends while its hit's GET waits on a stalled Redis returns only when
 	// that GET does, after at most the client's WriteTimeout and
-	// ReadTimeout (times its retries). Misses, waits for a rebuild and
-	// writes still honour ctx at once. Default: false.
+	// ReadTimeout (times its retries). [Cache.Peek]'s GET is sent the
+	// same way. Misses, waits for a rebuild and writes still honour ctx
+	// at once. Default: false.
 	InlineHits bool
 
 	// Near turns on the near cache: a copy of fresh values in process

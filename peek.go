@@ -32,9 +32,11 @@ import (
 //
 // Errors: [ErrInvalidKey] for an empty key, [ErrClosed] after Close (and
 // when Close is called while Peek waits for Redis, if its ctx can end:
-// with one that cannot, such as context.Background, Peek sends the GET
-// itself and waits for its reply, as Get does), ctx.Err() as soon as ctx
-// ends, and, when Redis cannot be reached or the circuit breaker is
+// with one that cannot, such as context.Background, or with
+// [Options.InlineHits], Peek sends the GET itself and waits for its reply,
+// as Get does), ctx.Err() as soon as ctx ends (with InlineHits, when its
+// GET returns: after at most the client's timeouts on a stalled Redis),
+// and, when Redis cannot be reached or the circuit breaker is
 // open, an error wrapping [ErrUnavailable] and the cause, whatever
 // [Options.FailClosed] says: with no loader there is nothing to fail open
 // to. Peek is not counted in the lookup counters of [Stats] nor reported
