@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
@@ -288,7 +289,9 @@ func TestAttackCancelBeforeWaitStarts(t *testing.T) {
 func TestAttackCancelWhileTableCreationBlocks(t *testing.T) {
 	ctx := context.Background()
 	db := testDB(t)
-	const table = "attack_blocked_fence"
+	// A table of its own per run (-count > 1 shares the test database).
+	table := fmt.Sprintf("attack_blocked_fence_%d", time.Now().UnixNano())
+	defer db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table)
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (name VARBINARY(64) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -126,7 +127,10 @@ func TestAttackKeepAliveCapBeforeFirstRenewal(t *testing.T) {
 func TestAttackCancelWhileTableCreationBlocks(t *testing.T) {
 	ctx := context.Background()
 	admin := testConn(t)
-	const table = "attack_blocked_fence"
+	// A table of its own per run: the stuck attempt's CREATE may go
+	// through once the blocking transaction rolls back.
+	table := fmt.Sprintf("attack_blocked_fence_%d", time.Now().UnixNano())
+	defer testConn(t).Exec(ctx, "DROP TABLE IF EXISTS "+table)
 	tx, err := admin.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)
