@@ -70,17 +70,18 @@ type Observer struct {
 	// StartLoad, StartWait and StartCommit, when set, bracket a leader's
 	// or a fail-open caller's loader run, a follower's wait for another
 	// process's rebuild, and a leader's commit, for tracing. Each is
-	// called as the step begins, with the context of the caller that
-	// started the flight (for its values only: it may have ended since;
-	// a background refresh gets context.Background()) and the step's
-	// [Step], and returns the function herd calls once when the step
-	// ends, with what Load, Wait or Commit get then (it may be nil). The
-	// context StartLoad returns lends its values, never its deadline or
-	// cancellation, to the loader's context, so spans the loader starts
-	// nest in the one StartLoad started; return ctx to lend nothing new.
-	// GetMany's batch loaders and Begin's Fills are not bracketed (their
-	// loads and commits are reported to Load and Commit as usual). The
-	// adapter in github.com/herdkit/herd/otel turns these into spans.
+	// called as the step begins, with the context of the Get, Fetch or
+	// Begin that started the flight (for its values only: it may have
+	// ended since; GetMany's flights and background refreshes get
+	// context.Background()) and the step's [Step], and returns the
+	// function herd calls once when the step ends, with what Load, Wait
+	// or Commit get then (nil: none). The context StartLoad returns
+	// lends its values, never its deadline or cancellation, to the
+	// loader's context, so spans the loader starts nest in the one
+	// StartLoad started; nil lends nothing. The loads of GetMany's batch
+	// loaders and of Begin's Fills are not bracketed (Load reports them
+	// as usual); their commits are. The adapter in
+	// github.com/herdkit/herd/otel turns these into spans.
 	StartLoad   func(ctx context.Context, st Step) (context.Context, func(err error))
 	StartWait   func(ctx context.Context, st Step) func(end WaitEnd)
 	StartCommit func(ctx context.Context, st Step) func(r CommitResult)
@@ -264,7 +265,8 @@ func (s *signals) tracesLoads() bool { return s.obs != nil && s.obs.StartLoad !=
 
 // startLoad calls StartLoad for f's load (leased under lease, or
 // without one when lease is nil). It returns nil, nil when StartLoad is
-// unset. values is what the loader's context takes its values from.
+// unset. values, if not nil, is what the loader's context takes values
+// from.
 func (s *signals) startLoad(f *flight, lease *Lease) (values context.Context, end func(error)) {
 	if !s.tracesLoads() {
 		return nil, nil
@@ -273,11 +275,7 @@ func (s *signals) startLoad(f *flight, lease *Lease) (values context.Context, en
 	if lease != nil {
 		st.Rebuild = rebuildName(f.keys, strconv.FormatUint(lease.token, 10))
 	}
-	values, end = s.obs.StartLoad(f.origin(), st)
-	if values == nil {
-		values = f.origin()
-	}
-	return values, end
+	return s.obs.StartLoad(f.origin(), st)
 }
 
 // startWait calls StartWait for f's wait; nil when it is unset.

@@ -60,7 +60,10 @@
 // that load, where a link cannot reach (the leader's span context is not
 // sent through Redis).
 //
-// Callers served from the cache (hits, stale hits) and the followers in
+// The loads of Begin's Fills (the HTTP middleware builds those values
+// itself) and of GetMany's batch loaders have no herd.load span; their
+// commits have herd.commit spans. Callers served from the cache (hits,
+// stale hits) and the followers in
 // the leader's own process have no span of herd's: they are counted in
 // herd.lookups.
 package otel
