@@ -222,7 +222,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			c.wg.Add(1)
 			c.mu.RUnlock()
 			defer c.wg.Done()
-			f := &flight{key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre}
+			f := &flight{key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
 			val, err := c.run(f)
 			return &flightResult{val: val, outcome: f.outcome, cur: f.cur}, err
 		})

@@ -739,7 +739,7 @@ func (c *Cache) leadMany(load ManyLoadFunc, led []*member) {
 	}
 	exp := &expiry{ttl: led[0].f.ttl, staleFor: c.cfg.StaleFor, c: c}
 	start := time.Now()
-	vals, err := runLoaderOf(c, func(ctx context.Context) (map[string][]byte, error) {
+	vals, err := runLoaderOf(c, nil, func(ctx context.Context) (map[string][]byte, error) {
 		return load(ctx, keys)
 	}, min(c.cfg.LoadTimeout, c.cfg.MaxHold), exp)
 	delta := time.Since(start)
@@ -802,7 +802,7 @@ func (c *Cache) loadManyLocal(load ManyLoadFunc, ms []*member, cause error) {
 		c.stats.localLoads.Add(1)
 		c.localStart(m.f, start)
 	}
-	vals, err := runLoaderOf(c, func(ctx context.Context) (map[string][]byte, error) {
+	vals, err := runLoaderOf(c, nil, func(ctx context.Context) (map[string][]byte, error) {
 		return load(ctx, keys)
 	}, c.cfg.LoadTimeout, &expiry{})
 	d := time.Since(start)

@@ -3,6 +3,7 @@ package herd
 import (
 	"context"
 	"log/slog"
+	"strconv"
 	"sync"
 	"time"
 )
@@ -65,6 +66,44 @@ type Observer struct {
 	// was full), failed (stale-if-error) and skipped (another process
 	// refreshed first, or refreshes are backing off).
 	Refresh func(class string, ev RefreshEvent)
+
+	// StartLoad, StartWait and StartCommit, when set, bracket a leader's
+	// or a fail-open caller's loader run, a follower's wait for another
+	// process's rebuild, and a leader's commit, for tracing. Each is
+	// called as the step begins, with the context of the Get, Fetch or
+	// Begin that started the flight (for its values only: it may have
+	// ended since; GetMany's flights and background refreshes get
+	// context.Background()) and the step's [Step], and returns the
+	// function herd calls once when the step ends, with what Load, Wait
+	// or Commit get then (nil: none). The context StartLoad returns
+	// lends its values, never its deadline or cancellation, to the
+	// loader's context, so spans the loader starts nest in the one
+	// StartLoad started; nil lends nothing. The loads of GetMany's batch
+	// loaders and of Begin's Fills are not bracketed (Load reports them
+	// as usual); their commits are. The adapter in
+	// github.com/herdkit/herd/otel turns these into spans.
+	StartLoad   func(ctx context.Context, st Step) (context.Context, func(err error))
+	StartWait   func(ctx context.Context, st Step) func(end WaitEnd)
+	StartCommit func(ctx context.Context, st Step) func(r CommitResult)
+}
+
+// Step describes a step of a rebuild to [Observer.StartLoad],
+// [Observer.StartWait] and [Observer.StartCommit].
+type Step struct {
+	// Class is the key's class, as the other fields of Observer get it.
+	Class string
+
+	// Leased is false for a load without the key's lease (fail-open, or
+	// a fallback after the wait budget); true for the other steps.
+	Leased bool
+
+	// Rebuild names the rebuild: the key's hash tag (the one in its
+	// Redis key names, never the raw key) and the leader's fencing
+	// token, the same in every process. A wait's Rebuild is that of the
+	// leader it waits for, so an adapter can tie the wait to that load;
+	// it is "" for a load without a lease, and for a wait when Redis did
+	// not name the holder. It is unbounded: never a metric label.
+	Rebuild string
 }
 
 // LeaseEvent is a lease event reported to [Observer.Lease].
@@ -210,6 +249,51 @@ func (s *signals) commit(key string, r CommitResult) {
 	if s.obs != nil && s.obs.Commit != nil {
 		s.obs.Commit(s.class(key), r)
 	}
+}
+
+// rebuildName is [Step.Rebuild] for the rebuild of keys under fence.
+func rebuildName(keys keyFamily, fence string) string {
+	if fence == "" {
+		return ""
+	}
+	return keys.hash() + ":" + fence
+}
+
+// tracesLoads reports whether StartLoad is set: callers check it before
+// they build a Step.
+func (s *signals) tracesLoads() bool { return s.obs != nil && s.obs.StartLoad != nil }
+
+// startLoad calls StartLoad for f's load (leased under lease, or
+// without one when lease is nil). It returns nil, nil when StartLoad is
+// unset. values, if not nil, is what the loader's context takes values
+// from.
+func (s *signals) startLoad(f *flight, lease *Lease) (values context.Context, end func(error)) {
+	if !s.tracesLoads() {
+		return nil, nil
+	}
+	st := Step{Class: s.class(f.key), Leased: lease != nil}
+	if lease != nil {
+		st.Rebuild = rebuildName(f.keys, strconv.FormatUint(lease.token, 10))
+	}
+	return s.obs.StartLoad(f.origin(), st)
+}
+
+// startWait calls StartWait for f's wait; nil when it is unset.
+func (s *signals) startWait(f *flight) func(WaitEnd) {
+	if s.obs == nil || s.obs.StartWait == nil {
+		return nil
+	}
+	return s.obs.StartWait(f.origin(), Step{Class: s.class(f.key), Leased: true, Rebuild: rebuildName(f.keys, f.awaited)})
+}
+
+// startCommit calls StartCommit for f's commit under lease; nil when it
+// is unset.
+func (s *signals) startCommit(f *flight, lease *Lease) func(CommitResult) {
+	if s.obs == nil || s.obs.StartCommit == nil {
+		return nil
+	}
+	return s.obs.StartCommit(f.origin(), Step{Class: s.class(f.key), Leased: true,
+		Rebuild: rebuildName(f.keys, strconv.FormatUint(lease.token, 10))})
 }
 
 func (s *signals) circuit(open bool) {

@@ -40,6 +40,11 @@ type flight struct {
 	unleased  bool
 	redisDown bool // the flight could not use Redis (see currency)
 
+	// from is the context of the Get that started the flight, for the
+	// Observer's Start hooks only: its values, never its cancellation
+	// (the flight belongs to no caller). nil: Begin's caller, or none.
+	from context.Context
+
 	// awaited is the fence of the leader a follower waits for (from the
 	// held ACQUIRE reply): its failure, by message or by the failure marker
 	// a follower finds when it looks, ends the wait; failures of other
@@ -72,6 +77,17 @@ type flight struct {
 	// commits, when set, pipelines the flight's COMMIT with those of the
 	// other keys a GetMany led (see commitBatch).
 	commits *commitBatch
+}
+
+// origin is the context the Observer's Start hooks get for f.
+func (f *flight) origin() context.Context {
+	switch {
+	case f.from != nil:
+		return f.from
+	case f.caller != nil:
+		return f.caller
+	}
+	return context.Background()
 }
 
 // currency says which callers of a flight its answer may go to: only
@@ -344,8 +360,9 @@ func (c *Cache) leaseFor(key string) time.Duration {
 func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	c.stats.leads.Add(1)
 	lease.KeepAlive(c.cfg.MaxHold)
-	ld := loaded{start: time.Now(), writes: c.writesOf(f.key), exp: &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor, c: c}}
-	ld.val, ld.err = c.runLoader(f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), ld.exp)
+	values, traced := c.sig.startLoad(f, lease)
+	ld := loaded{start: time.Now(), writes: c.writesOf(f.key), exp: &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor, c: c}, traced: traced}
+	ld.val, ld.err = c.runLoader(values, f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), ld.exp)
 	ld.delta = time.Since(ld.start)
 	return c.settle(f, lease, refresh, ld)
 }
@@ -360,6 +377,7 @@ type loaded struct {
 	writes uint64
 	delta  time.Duration
 	exp    *expiry
+	traced func(error) // ends the StartLoad step, if any
 }
 
 // settle ends a leader's load ld under lease: it commits the value (or a
@@ -374,6 +392,9 @@ func (c *Cache) settle(f *flight, lease *Lease, refresh bool, ld loaded) ([]byte
 	}
 	c.stats.loads.Add(1)
 	c.sig.load(f.key, delta, err, true)
+	if ld.traced != nil {
+		ld.traced(err)
+	}
 	c.observeLoad(f, lease.token, delta, err)
 
 	notFound := errors.Is(err, ErrNotFound)
@@ -472,6 +493,7 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 	if len(b) <= c.cfg.NotifyMaxBytes {
 		msg = string(msgValue) + string(b)
 	}
+	traced := c.sig.startCommit(f, lease)
 	sent := time.Now()
 	cmd, werr := c.runCommit(f, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
@@ -480,6 +502,16 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 	ok, err := cmd.Int()
 	if err == nil && ok == 1 && werr != nil {
 		err = werr // stored on the master only: a failover may lose it
+	}
+	if traced != nil {
+		switch {
+		case err != nil:
+			traced(CommitError)
+		case ok == 0:
+			traced(CommitFenced)
+		default:
+			traced(CommitStored)
+		}
 	}
 	switch {
 	case err != nil:
@@ -514,7 +546,13 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 	c.stats.follows.Add(1)
 	start := time.Now()
 	end := WaitPolled
-	defer func() { c.sig.wait(f.key, time.Since(start), end) }()
+	traced := c.sig.startWait(f)
+	defer func() {
+		c.sig.wait(f.key, time.Since(start), end)
+		if traced != nil {
+			traced(end)
+		}
+	}()
 	subCtx := c.ctx
 	if f.caller != nil {
 		subCtx = f.caller // Begin: the subscription waits no longer than its caller
@@ -772,10 +810,14 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 	}
 	defer release()
 	c.stats.localLoads.Add(1)
+	values, traced := c.sig.startLoad(f, nil)
 	start := time.Now()
 	c.localStart(f, start)
-	val, err := c.runLoader(f.load, c.cfg.LoadTimeout, &expiry{})
+	val, err := c.runLoader(values, f.load, c.cfg.LoadTimeout, &expiry{})
 	c.sig.load(f.key, time.Since(start), err, false)
+	if traced != nil {
+		traced(err)
+	}
 	return c.localResult(f, val, err)
 }
 
@@ -822,15 +864,35 @@ func (c *Cache) localResult(f *flight, val []byte, err error) ([]byte, error) {
 // the given timeout. A panic becomes a *PanicError and runtime.Goexit an
 // error; neither reaches singleflight (which would crash the process or
 // leave DoChan callers hanging). A loader that ignores its context is
-// abandoned at the timeout; its goroutine ends when it returns.
-func (c *Cache) runLoader(load LoadFunc, timeout time.Duration, exp *expiry) ([]byte, error) {
-	return runLoaderOf(c, load, timeout, exp)
+// abandoned at the timeout; its goroutine ends when it returns. values,
+// if not nil, lends its values (not its cancellation) to that context.
+func (c *Cache) runLoader(values context.Context, load LoadFunc, timeout time.Duration, exp *expiry) ([]byte, error) {
+	return runLoaderOf(c, values, load, timeout, exp)
+}
+
+// valuesFrom is a context with the deadline and cancellation of its
+// Context and, besides its own values, those of values: the loader's
+// context with what [Observer.StartLoad] lends it.
+type valuesFrom struct {
+	context.Context
+	values context.Context
+}
+
+func (v valuesFrom) Value(key any) any {
+	if x := v.Context.Value(key); x != nil {
+		return x
+	}
+	return v.values.Value(key)
 }
 
 // runLoaderOf is runLoader for a loader of any result type (a
 // [ManyLoadFunc] returns a map).
-func runLoaderOf[T any](c *Cache, load func(context.Context) (T, error), timeout time.Duration, exp *expiry) (T, error) {
-	ctx, cancel := context.WithTimeout(context.WithValue(c.ctx, expiryKey{}, exp), timeout)
+func runLoaderOf[T any](c *Cache, values context.Context, load func(context.Context) (T, error), timeout time.Duration, exp *expiry) (T, error) {
+	base := c.ctx
+	if values != nil {
+		base = valuesFrom{c.ctx, values}
+	}
+	ctx, cancel := context.WithTimeout(context.WithValue(base, expiryKey{}, exp), timeout)
 	defer cancel()
 	type outcome struct {
 		val T

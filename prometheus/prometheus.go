@@ -46,6 +46,12 @@
 // [NewBypassCounter] adds herd_http_bypasses_total{reason} for the HTTP
 // middleware: the requests it served without a lookup, or, for
 // reason="hit_for_miss", after a lookup found the URL marked.
+//
+// dashboard.json, next to this package's source, is a Grafana dashboard
+// of these metrics (lookup mix, load latency, lock wait time, lease
+// contention and renewal failures, fenced commits and takeovers, circuit
+// state and fail-open loads); a test checks that its queries name only
+// metrics this package registers.
 package prometheus
 
 import (
