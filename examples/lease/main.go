@@ -85,7 +85,7 @@ func nightlyJob(ctx context.Context, locks herd.Lock[herd.LeaseHandle], results 
 		return
 	}
 	defer lease.Release(context.WithoutCancel(ctx))
-	lease.KeepAlive(time.Minute) // renew while working; a cap on the whole holding, not an interval
+	lease.KeepAlive(time.Minute) // renew until Release; a minute caps the whole holding (not an interval)
 	fmt.Printf("instance %d: running the job with fencing token %d\n", i, lease.Token())
 	time.Sleep(300 * time.Millisecond) // the work
 	select {
