@@ -33,7 +33,7 @@ func main() {
 		defer mr.Close()
 		*redisAddr = mr.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
 	defer rdb.Close()
 	locker := herd.NewLocker(rdb, nil)
 	defer locker.Close()
