@@ -282,6 +282,28 @@ func Fetch[T any](ctx context.Context, c *Cache, key string, ttl time.Duration, 
 	return v, nil
 }
 
+// SetValue is [Cache.Set] for a typed value: v is encoded with
+// [Options.Codec] (JSON by default), the codec [Fetch] decodes with, so a
+// write-through reads back with Fetch[T]. Errors: those of Set, or a
+// wrapped codec error when v cannot be encoded; then nothing is written.
+func SetValue[T any](ctx context.Context, c *Cache, key string, v T, ttl time.Duration) error {
+	b, err := c.cfg.Codec.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("herd: encode %q: %w", key, err)
+	}
+	return c.Set(ctx, key, b, ttl)
+}
+
+// SetValueTagged is [SetValue] with tags, as [Cache.SetTagged]:
+// [Cache.InvalidateTag] of any of them deletes the value.
+func SetValueTagged[T any](ctx context.Context, c *Cache, key string, v T, ttl time.Duration, tags ...string) error {
+	b, err := c.cfg.Codec.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("herd: encode %q: %w", key, err)
+	}
+	return c.SetTagged(ctx, key, b, ttl, tags...)
+}
+
 // writeMarkerTTL is how long Redis remembers that a Set or Invalidate ran,
 // so that a retry of it (go-redis resends a script whose reply was lost) is
 // a no-op instead of undoing a newer write. It is far longer than any

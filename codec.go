@@ -2,7 +2,7 @@ package herd
 
 import "encoding/json"
 
-// Codec turns the values of [Fetch] into bytes and back. Implementations
+// Codec turns the values of [Fetch] and [SetValue] into bytes and back. Implementations
 // must be safe for concurrent use.
 type Codec interface {
 	Marshal(v any) ([]byte, error)

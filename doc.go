@@ -388,7 +388,7 @@
 //		return err
 //	}
 //	defer lease.Release(context.WithoutCancel(ctx))
-//	lease.KeepAlive(10 * time.Minute) // renew until done, at most 10 minutes
+//	lease.KeepAlive(10 * time.Minute) // renew until done; 10 minutes caps the whole holding (not an interval)
 //	select {
 //	case <-lease.Lost():
 //		return errors.New("lease lost; stopping")
@@ -414,6 +414,19 @@
 // writing after the next holder did. The protected resource must check the
 // token: [FencedStore] is such a resource in Redis, accepting a write only
 // when its token is at least the highest it has seen.
+//
+// # Jobs: once per period
+//
+// A lock stops overlapping runs of a scheduled job, not repeated ones:
+// instances whose ticks are a little apart take the free lock in turn.
+// [Once] and [Job] run a job at most once per period across the fleet, on
+// any lock backend: under the lock they check a record of the last
+// completed period ([FencedStore]), claim the period with the lease's
+// token, run the job with [LeaseHandle.KeepAlive] and a ctx that ends when
+// the lease is lost, and record the period with a fenced write, so that a
+// holder that paused past its lease cannot record over a newer one. A
+// failed job is not recorded and runs again at the next call. See [Job]
+// for clock skew and the lost-lease cases.
 //
 // # Redlock
 //

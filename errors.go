@@ -126,6 +126,12 @@ var (
 	// out before Close can still be extended and released. Every call on a
 	// [Redlock] or its leases after the Redlock's Close returns it too.
 	ErrClosed = errors.New("herd: closed")
+
+	// ErrInvalidJob is returned by [Job.Run] and [Once], at once and
+	// without touching the lock or the store, for a nil func, a nil Lock or
+	// Done, a period of zero or less, or an empty name (then joined with
+	// [ErrInvalidKey]). The error says which.
+	ErrInvalidJob = errors.New("herd: invalid job")
 )
 
 // PanicError is the error every caller of a flight gets when its loader

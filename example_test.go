@@ -87,7 +87,7 @@ func ExampleLocker_TryAcquire() {
 		fmt.Println(err)
 		return
 	}
-	lease.KeepAlive(10 * time.Minute)
+	lease.KeepAlive(10 * time.Minute)                                 // renew until Release; 10 minutes caps the whole holding (not an interval)
 	_, err = locker.TryAcquire(ctx, "nightly-report", 30*time.Second) // a second instance
 	fmt.Println(errors.Is(err, herd.ErrLeaseHeld))
 	fmt.Println(lease.Release(ctx))

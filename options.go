@@ -264,6 +264,9 @@ type Options struct {
 	// stale-while-revalidate, cluster-wide. If the refresh fails, the stale
 	// value stays servable until the hard TTL (stale-if-error) and
 	// refreshes back off (RefreshBackoff). Default: 0, no stale serving.
+	// A loader that calls [SetExpiry] overrides it for its value; the HTTP
+	// middleware does so for every response it stores, so for those its
+	// own middleware.Options.StaleFor wins, even when it is zero.
 	StaleFor time.Duration
 
 	// EarlyRefresh is XFetch's β: a fresh hit starts a background refresh
@@ -363,7 +366,8 @@ type Options struct {
 	// wake-up message is lost or pub/sub is down. Defaults: 10ms, 250ms.
 	PollMin, PollMax time.Duration
 
-	// Codec encodes the values of [Fetch]. Default: JSON.
+	// Codec encodes the values of [Fetch], [SetValue] and [SetValueTagged].
+	// Default: JSON.
 	Codec Codec
 
 	// Logger receives rare events the caller does not see (a lease lost,

@@ -38,7 +38,15 @@ type Options struct {
 	// StaleFor keeps a response servable that long after it goes stale:
 	// a stale hit is served at once while one request in the cluster
 	// refreshes it in the background. Never for a response that says
-	// must-revalidate or proxy-revalidate. Default: 0.
+	// must-revalidate or proxy-revalidate. Default: 0, no stale serving.
+	//
+	// It wins over the Cache's herd.Options.StaleFor for every response
+	// the middleware stores, a zero included: the middleware decides the
+	// stale window response by response (must-revalidate makes it zero)
+	// and hands it to herd with the response (herd.SetExpiry), so the
+	// Cache's StaleFor applies only to the Cache's own Get and Fetch
+	// calls. One Cache can then serve pages and values with windows of
+	// their own.
 	StaleFor time.Duration
 
 	// StatusTTL maps the response statuses that may be stored to their

@@ -1,6 +1,6 @@
 // Command cacheaside shows herd's cache-aside helper inside a service:
-// Fetch[T] with a struct, a negative entry for a missing row, Set and
-// Invalidate on writes, and how each call was served.
+// Fetch[T] with a struct, a negative entry for a missing row, SetValue and
+// Invalidate after each write to the source, and how each call was served.
 //
 //	go run ./examples/cacheaside                 # embedded Redis
 //	go run ./examples/cacheaside -redis 127.0.0.1:6379
@@ -27,8 +27,12 @@ type User struct {
 	Name string `json:"name"`
 }
 
-// db is a slow database with one user, counting its queries.
-type db struct{ queries atomic.Int64 }
+// db is a slow database of users, counting its queries.
+type db struct {
+	queries atomic.Int64
+	mu      sync.Mutex
+	users   map[int]User
+}
 
 func (d *db) loadUser(ctx context.Context, id int) (User, error) {
 	d.queries.Add(1)
@@ -37,10 +41,20 @@ func (d *db) loadUser(ctx context.Context, id int) (User, error) {
 	case <-ctx.Done():
 		return User{}, ctx.Err()
 	}
-	if id != 42 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	u, ok := d.users[id]
+	if !ok {
 		return User{}, fmt.Errorf("user %d: %w", id, herd.ErrNotFound) // cached as a negative entry
 	}
-	return User{ID: 42, Name: "Ada Lovelace"}, nil
+	return u, nil
+}
+
+func (d *db) updateUser(_ context.Context, u User) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.users[u.ID] = u
+	return nil
 }
 
 func main() {
@@ -63,7 +77,7 @@ func main() {
 		NegativeTTL: 30 * time.Second, // remember "no such user"
 	})
 	defer cache.Close()
-	database := &db{}
+	database := &db{users: map[int]User{42: {ID: 42, Name: "Ada Lovelace"}}}
 	ctx := context.Background()
 
 	getUser := func(ctx context.Context, id int) (User, herd.Outcome, error) {
@@ -95,18 +109,27 @@ func main() {
 
 	// A write: update the source, then Set (or Invalidate) the key. Both
 	// advance the key's fence, so a rebuild that read the old row before
-	// the write cannot store it afterwards.
+	// the write cannot store it afterwards. SetValue encodes with the
+	// Cache's codec, the one Fetch decodes with.
 	renamed := User{ID: 42, Name: "Augusta Ada King"}
-	b, _ := herd.JSON{}.Marshal(renamed)
-	if err := cache.Set(ctx, "user:42", b, 5*time.Minute); err != nil {
+	if err := database.updateUser(ctx, renamed); err != nil {
+		log.Fatal(err)
+	}
+	if err := herd.SetValue(ctx, cache, "user:42", renamed, 5*time.Minute); err != nil {
 		log.Fatal(err)
 	}
 	u, how, _ = getUser(ctx, 42)
-	fmt.Printf("after Set: %+v (%v)\n", u, how)
+	fmt.Printf("after the update and Set: %+v (%v)\n", u, how)
+
+	// Or update the source and Invalidate: the next Fetch reads the new row.
+	renamed.Name = "Countess of Lovelace"
+	if err := database.updateUser(ctx, renamed); err != nil {
+		log.Fatal(err)
+	}
 	if err := cache.Invalidate(ctx, "user:42"); err != nil {
 		log.Fatal(err)
 	}
 	u, how, _ = getUser(ctx, 42)
-	fmt.Printf("after Invalidate: %+v (%v)\n", u, how)
+	fmt.Printf("after the update and Invalidate: %+v (%v)\n", u, how)
 	fmt.Printf("database queries in all: %d\n", database.queries.Load())
 }

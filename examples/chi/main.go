@@ -61,7 +61,7 @@ func productHandler(w http.ResponseWriter, r *http.Request) {
 }
 
 var (
-	addr      = flag.String("addr", "127.0.0.1:8080", "listen address")
+	addr      = flag.String("addr", "127.0.0.1:8082", "listen address (examples/nethttp uses 8080, examples/metrics 8081)")
 	redisAddr = flag.String("redis", "", "Redis address (default: an embedded miniredis)")
 )
 
@@ -85,7 +85,7 @@ func run(addr, redisAddr string) error {
 		mr.ClockTTL(true) // let TTLs run with the wall clock, as in a real Redis
 		redisAddr = mr.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ReadTimeout: 500 * time.Millisecond})
+	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
 	defer rdb.Close()
 	cache := herd.New(rdb, nil)
 	defer cache.Close()

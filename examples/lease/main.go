@@ -33,7 +33,7 @@ func main() {
 		defer mr.Close()
 		*redisAddr = mr.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr})
+	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
 	defer rdb.Close()
 	locker := herd.NewLocker(rdb, nil)
 	defer locker.Close()
@@ -85,7 +85,7 @@ func nightlyJob(ctx context.Context, locks herd.Lock[herd.LeaseHandle], results 
 		return
 	}
 	defer lease.Release(context.WithoutCancel(ctx))
-	lease.KeepAlive(time.Minute) // renew while working; a cap on the whole holding, not an interval
+	lease.KeepAlive(time.Minute) // renew until Release; a minute caps the whole holding (not an interval)
 	fmt.Printf("instance %d: running the job with fencing token %d\n", i, lease.Token())
 	time.Sleep(300 * time.Millisecond) // the work
 	select {

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -37,7 +38,7 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:8081", "listen address")
+	addr := flag.String("addr", "127.0.0.1:8081", "listen address (examples/nethttp uses 8080, examples/chi 8082)")
 	redisAddr := flag.String("redis", "", "Redis address (default: an embedded Redis)")
 	flag.Parse()
 
@@ -81,13 +82,17 @@ func main() {
 			fmt.Fprintf(w, "report %s built at %s\n", chi.URLParam(r, "id"), time.Now().Format(time.RFC3339Nano))
 		})
 
-	srv := &http.Server{Addr: *addr, Handler: r, ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", *addr)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := &http.Server{Handler: r, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
-		if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Fatal(err)
 		}
 	}()
-	base := "http://" + *addr
+	base := "http://" + ln.Addr().String()
 	fmt.Println(strings.Join([]string{
 		"herd metrics example on " + base,
 		"  seq 50 | xargs -P 50 -I{} curl -s -o /dev/null " + base + "/reports/42   # 50 concurrent requests, one handler run",

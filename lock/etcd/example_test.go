@@ -20,7 +20,7 @@ func Example() {
 			return err // errors.Is(err, herd.ErrLeaseHeld): still held when ctx or MaxWait ran out
 		}
 		defer lease.Release(ctx)
-		lease.KeepAlive(10 * time.Minute) // renew until Release, at most 10 minutes in all
+		lease.KeepAlive(10 * time.Minute) // renew until Release; 10 minutes caps the whole holding (not an interval)
 		select {
 		case <-lease.Lost():
 			return errors.New("lost the lock") // stop the work

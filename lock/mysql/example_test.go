@@ -36,7 +36,7 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	lease.KeepAlive(10 * time.Minute)
+	lease.KeepAlive(10 * time.Minute) // renew until Release; 10 minutes caps the whole holding (not an interval)
 
 	report := "..." // the work, which stops when lease.Lost() closes
 	err = herdmysql.FencedTable{Table: "reports"}.Upsert(ctx, db, "2026-12-01", lease.Token(), map[string]any{"body": report})

@@ -1,0 +1,323 @@
+package herd
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/herdkit/herd/internal/redistest"
+)
+
+// jobRig is one real redis-server with a Locker and a FencedStore on it,
+// and a clock the test moves.
+type jobRig struct {
+	locks Lock[LeaseHandle]
+	done  *FencedStore
+	now   atomic.Pointer[time.Time]
+}
+
+func newJobRig(t *testing.T) *jobRig {
+	t.Helper()
+	rdb := redistest.Start(t).Client(t)
+	locker := NewLocker(rdb, nil)
+	t.Cleanup(func() { locker.Close() })
+	r := &jobRig{locks: AnyLock(locker), done: NewFencedStore(rdb, "")}
+	r.set(time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC))
+	return r
+}
+
+func (r *jobRig) set(t time.Time) { r.now.Store(&t) }
+
+// job returns a Job named after the test with a period of an hour, on the
+// rig's clock.
+func (r *jobRig) job(t *testing.T) *Job {
+	return &Job{Name: "job-" + t.Name(), Period: time.Hour, Lock: r.locks, Done: r.done,
+		Now: func() time.Time { return *r.now.Load() }}
+}
+
+// counting returns a JobFunc that counts its runs and returns err.
+func counting(n *atomic.Int64, err error) JobFunc {
+	return func(context.Context, LeaseHandle) error {
+		n.Add(1)
+		return err
+	}
+}
+
+// TestJobOncePerPeriod: a second Run in the same period (another instance
+// after the first finished) does not run the job; the next period does.
+func TestJobOncePerPeriod(t *testing.T) {
+	r := newJobRig(t)
+	j := r.job(t)
+	ctx := context.Background()
+	var runs atomic.Int64
+	steps := []struct {
+		at      time.Time
+		wantRan bool
+	}{
+		{time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC), true},
+		{time.Date(2026, 12, 1, 3, 59, 59, 0, time.UTC), false},
+		{time.Date(2026, 12, 1, 4, 0, 0, 0, time.UTC), true},
+		{time.Date(2026, 12, 1, 4, 30, 0, 0, time.UTC), false},
+		// A clock that is behind (skew) sees the previous period: done.
+		{time.Date(2026, 12, 1, 3, 59, 58, 0, time.UTC), false},
+	}
+	for i, s := range steps {
+		r.set(s.at)
+		ran, err := j.Run(ctx, counting(&runs, nil))
+		if err != nil || ran != s.wantRan {
+			t.Fatalf("step %d at %v: ran %v, err %v; want ran %v, nil", i, s.at, ran, err, s.wantRan)
+		}
+	}
+	if got := runs.Load(); got != 2 {
+		t.Errorf("job ran %d times over 2 periods, want 2", got)
+	}
+}
+
+// TestJobHeldLockDoesNotRun: while another instance holds the job's lock,
+// Run returns (false, nil) without calling the job.
+func TestJobHeldLockDoesNotRun(t *testing.T) {
+	r := newJobRig(t)
+	j := r.job(t)
+	ctx := context.Background()
+	var runs atomic.Int64
+	ran, err := j.Run(ctx, func(ctx context.Context, lease LeaseHandle) error {
+		ran, err := j.Run(ctx, counting(&runs, nil)) // a second instance, meanwhile
+		if ran || err != nil {
+			t.Errorf("second instance while the first runs: ran %v, err %v; want false, nil", ran, err)
+		}
+		return nil
+	})
+	if !ran || err != nil {
+		t.Fatalf("first instance: ran %v, err %v", ran, err)
+	}
+	if runs.Load() != 0 {
+		t.Errorf("the second instance ran the job")
+	}
+}
+
+// TestJobErrorNotRecorded: a failed run records nothing, so the next tick
+// runs the job again; once it succeeds the period is done.
+func TestJobErrorNotRecorded(t *testing.T) {
+	r := newJobRig(t)
+	j := r.job(t)
+	ctx := context.Background()
+	boom := errors.New("boom")
+	var runs atomic.Int64
+	ran, err := j.Run(ctx, counting(&runs, boom))
+	if !ran || !errors.Is(err, boom) {
+		t.Fatalf("failing run: ran %v, err %v; want true, boom", ran, err)
+	}
+	if ran, err := j.Run(ctx, counting(&runs, nil)); !ran || err != nil {
+		t.Fatalf("next tick: ran %v, err %v; want it run again", ran, err)
+	}
+	if ran, err := j.Run(ctx, counting(&runs, nil)); ran || err != nil {
+		t.Fatalf("tick after success: ran %v, err %v; want done", ran, err)
+	}
+	if got := runs.Load(); got != 2 {
+		t.Errorf("%d runs, want 2", got)
+	}
+}
+
+// TestJobContextCancel: a ctx that ended before Run does not run the job;
+// one that ends during the job ends the job's ctx, and nothing is
+// recorded.
+func TestJobContextCancel(t *testing.T) {
+	r := newJobRig(t)
+	j := r.job(t)
+	var runs atomic.Int64
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if ran, err := j.Run(ctx, counting(&runs, nil)); ran || !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled ctx: ran %v, err %v; want false, context.Canceled", ran, err)
+	}
+
+	ctx, cancel = context.WithCancel(context.Background())
+	ran, err := j.Run(ctx, func(jctx context.Context, _ LeaseHandle) error {
+		cancel()
+		<-jctx.Done() // ends with ctx: no timer needed, cancel was called
+		return jctx.Err()
+	})
+	if !ran || !errors.Is(err, context.Canceled) {
+		t.Errorf("cancel during the job: ran %v, err %v; want true, context.Canceled", ran, err)
+	}
+	if ran, err := j.Run(context.Background(), counting(&runs, nil)); !ran || err != nil {
+		t.Errorf("after the cancelled run: ran %v, err %v; want it run (nothing recorded)", ran, err)
+	}
+	if runs.Load() != 1 {
+		t.Errorf("%d runs of the counting job, want 1", runs.Load())
+	}
+}
+
+// TestJobLeaseLostEndsJobContext: when the lease is lost mid-run (here
+// MaxHold stops the renewals, so it runs out), the job's ctx ends with
+// cause ErrLeaseLost, Run's error wraps it and nothing is recorded.
+func TestJobLeaseLostEndsJobContext(t *testing.T) {
+	r := newJobRig(t)
+	j := r.job(t)
+	j.Lease, j.MaxHold = 300*time.Millisecond, 300*time.Millisecond
+	var cause error
+	ran, err := j.Run(context.Background(), func(ctx context.Context, _ LeaseHandle) error {
+		bound := time.NewTimer(30 * j.Lease) // only against a hang
+		defer bound.Stop()
+		select {
+		case <-ctx.Done():
+			cause = context.Cause(ctx)
+			return ctx.Err()
+		case <-bound.C:
+			return errors.New("the job's ctx did not end at the lease's loss")
+		}
+	})
+	if !errors.Is(cause, ErrLeaseLost) {
+		t.Errorf("job ctx cause %v, want ErrLeaseLost", cause)
+	}
+	if !ran || !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("Run: ran %v, err %v; want true, ErrLeaseLost", ran, err)
+	}
+	if _, _, err := r.done.Get(context.Background(), j.Name+":done"); err != nil {
+		t.Fatalf("record: %v", err)
+	}
+	if _, done, _ := j.record(context.Background(), j.Name+":done", *r.now.Load()); done {
+		t.Errorf("the lost run recorded its period")
+	}
+}
+
+// TestJobOlderHolderFenced: holder A's lease runs out mid-run (its MaxHold
+// stops the renewals: as a paused process's would) and B takes the lock
+// and claims the period. A finishes while B still runs: A's record is
+// refused with ErrFenced, because B's claim raised the token. B records
+// the period; a third instance then finds it done.
+func TestJobOlderHolderFenced(t *testing.T) {
+	r := newJobRig(t)
+	ctx := context.Background()
+	a := r.job(t)
+	a.Lease, a.MaxHold = 300*time.Millisecond, 300*time.Millisecond
+	b := r.job(t)
+
+	aLost := make(chan struct{})
+	bRunning, bGo := make(chan struct{}), make(chan struct{})
+	var aToken, bToken uint64
+	type result struct {
+		ran bool
+		err error
+	}
+	aDone := make(chan result, 1)
+	go func() {
+		ran, err := a.Run(ctx, func(_ context.Context, lease LeaseHandle) error {
+			aToken = lease.Token()
+			<-lease.Lost() // MaxHold: the lease runs out after 300 ms
+			close(aLost)
+			select { // A ignores its ctx and finishes while B runs
+			case <-bRunning:
+			case <-time.After(time.Minute): // only against a hang
+			}
+			return nil
+		})
+		aDone <- result{ran, err}
+	}()
+	<-aLost
+	bRes := make(chan result, 1)
+	go func() {
+		// A's lease ends in Redis a drift allowance after A saw it lost:
+		// B's first ticks may still find the lock held.
+		ran, err := runUntilRan(b, func(_ context.Context, lease LeaseHandle) error {
+			bToken = lease.Token()
+			close(bRunning)
+			<-bGo
+			return nil
+		})
+		bRes <- result{ran, err}
+	}()
+	ar := <-aDone
+	if !ar.ran || !errors.Is(ar.err, ErrFenced) {
+		t.Errorf("A: ran %v, err %v; want true, ErrFenced", ar.ran, ar.err)
+	}
+	close(bGo)
+	br := <-bRes
+	if !br.ran || br.err != nil {
+		t.Fatalf("B: ran %v, err %v; want true, nil", br.ran, br.err)
+	}
+	if bToken <= aToken {
+		t.Fatalf("B's token %d is not above A's %d", bToken, aToken)
+	}
+	val, tok, err := r.done.Get(ctx, b.Name+":done")
+	want := strconv.FormatInt(r.now.Load().Truncate(time.Hour).UnixNano(), 10)
+	if err != nil || tok != bToken || string(val) != want {
+		t.Errorf("record %q token %d (%v), want %q by B's token %d", val, tok, err, want, bToken)
+	}
+	var runs atomic.Int64
+	if ran, err := r.job(t).Run(ctx, counting(&runs, nil)); ran || err != nil {
+		t.Errorf("third instance: ran %v, err %v; want the period done", ran, err)
+	}
+}
+
+// runUntilRan calls j.Run every few milliseconds until it runs fn or
+// fails, for at most 10 s.
+func runUntilRan(j *Job, fn JobFunc) (bool, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ran, err := j.Run(context.Background(), fn)
+		if ran || err != nil || time.Now().After(deadline) {
+			return ran, err
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestJobBadInput: every invalid Job or func is a clear error at once, and
+// nothing runs.
+func TestJobBadInput(t *testing.T) {
+	r := newJobRig(t)
+	fn := func(context.Context, LeaseHandle) error {
+		t.Error("the job ran")
+		return nil
+	}
+	for _, tc := range []struct {
+		name string
+		job  Job
+		fn   JobFunc
+		want []error
+	}{
+		{"empty name", Job{Period: time.Hour, Lock: r.locks, Done: r.done}, fn, []error{ErrInvalidJob, ErrInvalidKey}},
+		{"zero period", Job{Name: "j", Lock: r.locks, Done: r.done}, fn, []error{ErrInvalidJob}},
+		{"negative period", Job{Name: "j", Period: -time.Second, Lock: r.locks, Done: r.done}, fn, []error{ErrInvalidJob}},
+		{"nil func", Job{Name: "j", Period: time.Hour, Lock: r.locks, Done: r.done}, nil, []error{ErrInvalidJob}},
+		{"nil lock", Job{Name: "j", Period: time.Hour, Done: r.done}, fn, []error{ErrInvalidJob}},
+		{"nil store", Job{Name: "j", Period: time.Hour, Lock: r.locks}, fn, []error{ErrInvalidJob}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ran, err := tc.job.Run(context.Background(), tc.fn)
+			if ran {
+				t.Errorf("ran")
+			}
+			for _, w := range tc.want {
+				if !errors.Is(err, w) {
+					t.Errorf("err %v, want it to wrap %v", err, w)
+				}
+			}
+			t.Log(err)
+		})
+	}
+	if ran, err := Once(context.Background(), r.locks, r.done, "", time.Hour, fn); ran || !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("Once with an empty name: ran %v, err %v", ran, err)
+	}
+}
+
+// TestOnce: the function form runs once per period with the wall clock.
+func TestOnce(t *testing.T) {
+	r := newJobRig(t)
+	ctx := context.Background()
+	var runs atomic.Int64
+	for range 3 {
+		if _, err := Once(ctx, r.locks, r.done, "once-"+t.Name(), 24*time.Hour, counting(&runs, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A day boundary between the calls would allow 2.
+	if got := runs.Load(); got < 1 || got > 2 {
+		t.Errorf("%d runs in 3 calls within a day, want 1", got)
+	}
+}
