@@ -531,6 +531,7 @@ type Stats struct {
 	Leads        uint64 // flights that won the lease
 	Follows      uint64 // flights that waited on another process's rebuild
 	Takeovers    uint64 // followers that won the lease after the leader released or lapsed
+	LoadRetries  uint64 // follower flights that retried a failed load (Options.RetryFailedLoad, NoShare)
 	Notified     uint64 // waits ended by a wake-up message
 	Polled       uint64 // polls made while waiting
 	WaitTimeouts uint64 // waits that spent their budget (Fallback applied)
@@ -561,7 +562,7 @@ type counters struct {
 	hits, negativeHits, misses, corrupt, loads, localLoads, loadErrors      atomic.Uint64
 	notShared, passes                                                       atomic.Uint64
 	leads, follows, takeovers, notified, polled, waitTimeouts, fenced       atomic.Uint64
-	commitErrors, failOpen, breakerOpens                                    atomic.Uint64
+	commitErrors, failOpen, breakerOpens, loadRetries                       atomic.Uint64
 	staleServed, earlyRefreshes, refreshes, refreshErrors, refreshesDropped atomic.Uint64
 	nearHits, nearMisses, nearBypassed, nearInvalidations, nearFlushes      atomic.Uint64
 }
@@ -572,7 +573,7 @@ func (s *counters) snapshot() Stats {
 		Corrupt: s.corrupt.Load(), Loads: s.loads.Load(), LocalLoads: s.localLoads.Load(),
 		LoadErrors: s.loadErrors.Load(), NotShared: s.notShared.Load(), Passes: s.passes.Load(),
 		Leads: s.leads.Load(), Follows: s.follows.Load(),
-		Takeovers: s.takeovers.Load(), Notified: s.notified.Load(), Polled: s.polled.Load(),
+		Takeovers: s.takeovers.Load(), LoadRetries: s.loadRetries.Load(), Notified: s.notified.Load(), Polled: s.polled.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), Fenced: s.fenced.Load(), CommitErrors: s.commitErrors.Load(),
 		FailOpen: s.failOpen.Load(), BreakerOpens: s.breakerOpens.Load(),
 		StaleServed: s.staleServed.Load(), EarlyRefreshes: s.earlyRefreshes.Load(),

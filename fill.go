@@ -404,26 +404,18 @@ func (fl *Fill) Abort(cause error) {
 		if cause == nil {
 			cause = errors.New("aborted")
 		}
-		kind := byte(failError)
-		var pe *PanicError
-		switch {
-		case errors.Is(cause, ErrNotShared):
-			kind = failNotShared
-		case errors.As(cause, &pe):
-			kind = failPanic
+		err, kind, text := cause, byte(failNotShared), cause.Error()
+		if !errors.Is(cause, ErrNotShared) {
+			err, kind, text = loadFailure(fl.f.key, cause)
 		}
-		err := cause
 		fl.countLoad(cause)
-		if kind != failNotShared {
-			err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, fl.f.key, cause)
-		}
 		if fl.lease != nil && errors.Is(cause, ErrClosed) {
 			// This process is shutting down: hand the rebuild over.
 			fl.lease.finish()
 			c.releaseDetached(fl.f, fl.lease, msgReleased, 0)
 		} else if fl.lease != nil {
 			fl.lease.finish()
-			c.releaseDetached(fl.f, fl.lease, failMessage(kind, fl.lease, err.Error()), 0)
+			c.releaseDetached(fl.f, fl.lease, failMessage(kind, fl.lease, text), 0)
 		}
 		fl.resolve(nil, err, currency{})
 	})
