@@ -171,8 +171,10 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 // WithoutCancel), or with [Options.InlineHits], the GET is sent from the
 // caller's goroutine, and Get waits for it, bounded only by the client's
 // ReadTimeout and WriteTimeout, Close included. A loader error
-// or panic reaches every caller of that rebuild wrapped in
-// [ErrLoadFailed]; [ErrNotFound] from the loader is returned as is and
+// or panic reaches every caller of that rebuild, in every process, as a
+// [*LoadError] (errors.Is [ErrLoadFailed]; see there for what it holds
+// where, and [Options.RetryFailedLoad] and [NoShare] for a retry by the
+// callers that waited on it); [ErrNotFound] from the loader is returned as is and
 // remembered for [Options.NegativeTTL]. A value over
 // [Options.MaxValueBytes] is [ErrValueTooLarge]. When Redis is
 // unreachable Get loads locally, or with [Options.FailClosed] returns

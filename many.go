@@ -141,7 +141,7 @@ func (e *ManyError) keys() []string {
 // nil when every key has a value or was not found; otherwise it is a
 // [*ManyError] holding the error of each key that failed, and the result
 // still holds the others' values: an empty key ([ErrInvalidKey]), a
-// loader failure ([ErrLoadFailed]), [ErrValueTooLarge], [ErrUnavailable]
+// loader failure (a [*LoadError]), [ErrValueTooLarge], [ErrUnavailable]
 // with [Options.FailClosed] when Redis is unreachable (without it the
 // missing keys are loaded locally, once, as Get fails open), ctx.Err()
 // for the keys still waiting when ctx ends (their rebuilds go on for the
