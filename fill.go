@@ -396,8 +396,8 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 // the waiting callers are told: with a cause wrapping [ErrNotShared] they
 // get ErrNotShared and build the value themselves; with a *PanicError or
 // any other cause they get a [*LoadError] (Remote in other processes;
-// with a cause marked [NoShare], one that says it was not shared) (calling
-// Begin again makes one of them the new leader). A nil cause counts as a
+// with a cause marked [NoShare], one that says it was not shared);
+// calling Begin again makes one of them the new leader. A nil cause counts as a
 // plain failure. Calls after the first Commit or Abort do nothing.
 func (fl *Fill) Abort(cause error) {
 	fl.once.Do(func() {
