@@ -37,7 +37,9 @@ var (
 // LoadFunc loads the value of a key from the source of truth. Its context
 // belongs to no caller: it ends after [Options.LoadTimeout] or on
 // [Cache.Close]. Return [ErrNotFound] (possibly wrapped) when the source
-// has no value, to cache a negative entry.
+// has no value, to cache a negative entry. Any other error reaches the
+// callers waiting on the rebuild as a [*LoadError]; wrap it with
+// [NoShare] when it concerns only this process.
 type LoadFunc func(ctx context.Context) ([]byte, error)
 
 // Cache is a cache-aside helper that lets one caller in the whole cluster
