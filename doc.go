@@ -507,5 +507,8 @@
 // one hash tag for all of a key's names, so in Redis Cluster they share a
 // slot and no key can pick or split it.
 //
-// Errors are sentinels compared with [errors.Is].
+// Errors are sentinels compared with [errors.Is], and two types found
+// with [errors.As]: a loader's failure is a [*LoadError] in every process
+// (a panic a [*PanicError] inside it), and GetMany's per-key errors come
+// in a [*ManyError].
 package herd
