@@ -733,7 +733,7 @@ func cacheErrorsWorker(ctx context.Context, _ string) error {
 			if !strings.Contains(err.Error(), fmt.Sprintf("source down (wave %d,", wave)) {
 				w.fail("wave %d goroutine %d: the error does not carry the loader's text: %v", wave, i, err)
 			}
-			if strings.Contains(err.Error(), "rebuilding process reported") {
+			if le := (*LoadError)(nil); errors.As(err, &le) && le.Remote {
 				w.rdb.SetNX(ctx, w.key("sample"), err.Error(), 0)
 			}
 			if err := w.rdb.Incr(ctx, w.key(name, "failed")).Err(); err != nil {

@@ -37,7 +37,9 @@ var (
 // LoadFunc loads the value of a key from the source of truth. Its context
 // belongs to no caller: it ends after [Options.LoadTimeout] or on
 // [Cache.Close]. Return [ErrNotFound] (possibly wrapped) when the source
-// has no value, to cache a negative entry.
+// has no value, to cache a negative entry. Any other error reaches the
+// callers waiting on the rebuild as a [*LoadError]; wrap it with
+// [NoShare] when it concerns only this process.
 type LoadFunc func(ctx context.Context) ([]byte, error)
 
 // Cache is a cache-aside helper that lets one caller in the whole cluster
@@ -171,8 +173,10 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 // WithoutCancel), or with [Options.InlineHits], the GET is sent from the
 // caller's goroutine, and Get waits for it, bounded only by the client's
 // ReadTimeout and WriteTimeout, Close included. A loader error
-// or panic reaches every caller of that rebuild wrapped in
-// [ErrLoadFailed]; [ErrNotFound] from the loader is returned as is and
+// or panic reaches every caller of that rebuild, in every process, as a
+// [*LoadError] (errors.Is [ErrLoadFailed]; see there for what it holds
+// where, and [Options.RetryFailedLoad] and [NoShare] for a retry by the
+// callers that waited on it); [ErrNotFound] from the loader is returned as is and
 // remembered for [Options.NegativeTTL]. A value over
 // [Options.MaxValueBytes] is [ErrValueTooLarge]. When Redis is
 // unreachable Get loads locally, or with [Options.FailClosed] returns
@@ -553,6 +557,7 @@ type Stats struct {
 	Leads        uint64 // flights that won the lease
 	Follows      uint64 // flights that waited on another process's rebuild
 	Takeovers    uint64 // followers that won the lease after the leader released or lapsed
+	LoadRetries  uint64 // follower flights that retried a failed load (Options.RetryFailedLoad, NoShare)
 	Notified     uint64 // waits ended by a wake-up message
 	Polled       uint64 // polls made while waiting
 	WaitTimeouts uint64 // waits that spent their budget (Fallback applied)
@@ -583,7 +588,7 @@ type counters struct {
 	hits, negativeHits, misses, corrupt, loads, localLoads, loadErrors      atomic.Uint64
 	notShared, passes                                                       atomic.Uint64
 	leads, follows, takeovers, notified, polled, waitTimeouts, fenced       atomic.Uint64
-	commitErrors, failOpen, breakerOpens                                    atomic.Uint64
+	commitErrors, failOpen, breakerOpens, loadRetries                       atomic.Uint64
 	staleServed, earlyRefreshes, refreshes, refreshErrors, refreshesDropped atomic.Uint64
 	nearHits, nearMisses, nearBypassed, nearInvalidations, nearFlushes      atomic.Uint64
 }
@@ -594,7 +599,7 @@ func (s *counters) snapshot() Stats {
 		Corrupt: s.corrupt.Load(), Loads: s.loads.Load(), LocalLoads: s.localLoads.Load(),
 		LoadErrors: s.loadErrors.Load(), NotShared: s.notShared.Load(), Passes: s.passes.Load(),
 		Leads: s.leads.Load(), Follows: s.follows.Load(),
-		Takeovers: s.takeovers.Load(), Notified: s.notified.Load(), Polled: s.polled.Load(),
+		Takeovers: s.takeovers.Load(), LoadRetries: s.loadRetries.Load(), Notified: s.notified.Load(), Polled: s.polled.Load(),
 		WaitTimeouts: s.waitTimeouts.Load(), Fenced: s.fenced.Load(), CommitErrors: s.commitErrors.Load(),
 		FailOpen: s.failOpen.Load(), BreakerOpens: s.breakerOpens.Load(),
 		StaleServed: s.staleServed.Load(), EarlyRefreshes: s.earlyRefreshes.Load(),

@@ -64,13 +64,18 @@
 //  3. One caller's cancellation never fails another: the shared rebuild
 //     runs detached from every caller, under [Options.LoadTimeout].
 //  4. A loader's error or panic reaches every waiter, in every process, as
-//     an error wrapping [ErrLoadFailed] (a panic as a [*PanicError]: with
-//     its stack in the panicking process, with the reported text and
-//     Remote set in the others), releases the lease at once and wakes the other processes
-//     at once: by the wake-up message, or, for a follower that missed it
-//     (pub/sub down), by a short-lived failure marker it finds when it
-//     looks. Errors are not cached. [ErrNotFound] is cached as a negative
-//     entry for [Options.NegativeTTL].
+//     a [*LoadError] (errors.Is [ErrLoadFailed]; the key and the cause
+//     once in its text; in the loader's process it unwraps to the
+//     loader's error, in the others Remote is set; a panic as a
+//     [*PanicError]: with its stack in the panicking process, with the
+//     reported text and Remote set in the others), releases the lease at
+//     once and wakes the other processes at once: by the wake-up message,
+//     or, for a follower that missed it (pub/sub down), by a short-lived
+//     failure marker it finds when it looks. A wave of callers calls a
+//     failing source once, or, with [Options.RetryFailedLoad] (or an
+//     error marked [NoShare]), at most twice: one follower retries under
+//     a new lease, the others wait for it. Errors are not cached.
+//     [ErrNotFound] is cached as a negative entry for [Options.NegativeTTL].
 //  5. Redis down is not an outage: the Cache fails open to local
 //     coalescing, loading with at most [Options.MaxLocalLoads] loaders at
 //     once; a circuit breaker stops calling Redis after repeated errors and
@@ -515,5 +520,8 @@
 // one hash tag for all of a key's names, so in Redis Cluster they share a
 // slot and no key can pick or split it.
 //
-// Errors are sentinels compared with [errors.Is].
+// Errors are sentinels compared with [errors.Is], and two types found
+// with [errors.As]: a loader's failure is a [*LoadError] in every process
+// (a panic a [*PanicError] inside it), and GetMany's per-key errors come
+// in a [*ManyError].
 package herd

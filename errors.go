@@ -52,11 +52,12 @@ var (
 	// the loader is nil.
 	ErrNilLoader = errors.New("herd: nil loader")
 
-	// ErrLoadFailed wraps every loader failure a Cache reports: the error
-	// the loader returned, a [*PanicError], or, for callers in other
-	// processes that waited on the failed rebuild, the leader's error text.
-	// Use [errors.Is] for the class and errors.As or errors.Is for the
-	// loader's own error (in the leader's process).
+	// ErrLoadFailed is the class of every loader failure a Cache reports:
+	// each such error is a [*LoadError], in every process, and
+	// errors.Is(err, ErrLoadFailed) holds for it. Use errors.As with a
+	// *LoadError for the key, the cause's text and whether the loader ran
+	// in another process, and errors.Is or errors.As for the loader's own
+	// error in the process that ran it.
 	ErrLoadFailed = errors.New("herd: load failed")
 
 	// ErrValueTooLarge is returned by [Cache.Set], and by Get when the
@@ -134,16 +135,107 @@ var (
 	ErrInvalidJob = errors.New("herd: invalid job")
 )
 
+// LoadError is the error every caller of a rebuild gets when its loader
+// failed (returned an error, panicked, or ran past [Options.LoadTimeout]),
+// in the leader's process and in every other: Get, [Fetch], GetMany's
+// per-key errors in a [*ManyError], [Cache.Begin] (when a [Fill] was
+// aborted), and followers that learnt of the failure from the failure
+// marker because they missed the wake-up message. Find it with
+// errors.As; errors.Is(err, [ErrLoadFailed]) holds for it.
+//
+// In the process that ran the loader, Err is the loader's error and
+// LoadError unwraps to it, so errors.Is(err, errDB) holds there. In the
+// other processes the loader's error is not there to compare with:
+// Remote is set, Msg is its text as the leader reported it (cut to
+// 1 KiB), and Err is nil, except for a panic, which is a [*PanicError]
+// with Remote set everywhere. The same text reaches a waiting caller of
+// another flight of the same process (a Get waiting on a Begin's Fill),
+// through Redis, with Remote set.
+//
+// A loader that returns [NoShare](err) keeps err in its own process: the
+// callers there get it; the callers elsewhere do not (see NoShare).
+type LoadError struct {
+	Key    string // the key whose load failed
+	Msg    string // the cause's text, without the key
+	Remote bool   // the loader ran in another process (or another flight)
+	Err    error  // the loader's error; nil when Remote, but for a panic
+}
+
+// Error says the key and the cause once:
+//
+//	herd: load failed: "user:404": db: connection reset
+//	herd: load failed in another process: "user:404": db: connection reset
+func (e *LoadError) Error() string {
+	where := ""
+	if e.Remote {
+		where = " in another process"
+	}
+	return fmt.Sprintf("herd: load failed%s: %q: %s", where, e.Key, e.Msg)
+}
+
+// Is reports whether target is [ErrLoadFailed].
+func (e *LoadError) Is(target error) bool { return target == ErrLoadFailed }
+
+// Unwrap returns the loader's error (nil in another process, but for a
+// panic's [*PanicError]).
+func (e *LoadError) Unwrap() error { return e.Err }
+
+// notSharedText is the cause a follower reports when the failed loader's
+// error was marked with [NoShare] and the follower's retry failed too.
+const notSharedText = "the rebuilding process did not share its error (herd.NoShare)"
+
+// NoShare marks err, returned by a [LoadFunc] (or given to [Fill.Abort]),
+// as an error for this process only: one that says nothing about the
+// source as the other processes see it (a local resource ran out, this
+// instance's credentials were refused). The callers of that rebuild in
+// this process get it as usual, in a [*LoadError] that unwraps to err.
+// The callers waiting on the rebuild in other processes do not get it:
+// they retry once with a new leader (one of them, cluster-wide, takes the
+// lease and loads; the others wait for it), as [Options.RetryFailedLoad]
+// does for any failure, whatever that option says. If the retry fails
+// too they get its error, or, if that one is not shared either, a
+// LoadError with Remote set that says so. A wave of callers thus calls a
+// source that keeps failing at most twice. Begin's followers do not
+// retry (see [Cache.Begin]); they get that LoadError at once.
+//
+// NoShare differs from [ErrNotShared], which is about a value: waiters
+// told ErrNotShared build their own value, each of them, unbounded.
+// NoShare(nil) is nil.
+func NoShare(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &noShareError{err}
+}
+
+// noShareError is the mark NoShare puts on an error; it is transparent.
+type noShareError struct{ err error }
+
+func (e *noShareError) Error() string { return e.err.Error() }
+func (e *noShareError) Unwrap() error { return e.err }
+
+// isNoShare reports whether err carries NoShare's mark.
+func isNoShare(err error) bool {
+	var ns *noShareError
+	return errors.As(err, &ns)
+}
+
+// newLoadError is the error the callers of a rebuild of key get in the
+// process whose loader failed with cause.
+func newLoadError(key string, cause error) *LoadError {
+	return &LoadError{Key: key, Msg: cause.Error(), Err: cause}
+}
+
 // PanicError is the error every caller of a flight gets when its loader
-// panicked (wrapped in [ErrLoadFailed]; get it with errors.As). The panic
+// panicked (inside a [*LoadError]; get it with errors.As). The panic
 // is recovered: the process does not crash, and the key's lease is
 // released at once.
 type PanicError struct {
 	Value any    // the value passed to panic
 	Stack []byte // the loader goroutine's stack at the panic
 	// Remote is set when the loader ran in another process: Value is then
-	// the text that process reported (its error text, cut to 1 KiB) and
-	// Stack is empty.
+	// the text of the panic value that process reported (cut to 1 KiB)
+	// and Stack is empty.
 	Remote bool
 }
 

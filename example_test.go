@@ -132,3 +132,27 @@ func ExampleCache_InvalidateTag() {
 	fmt.Printf("loads: %d; team name: %v\n", loads, err)
 	// Output: loads: 3; team name: herd: not found
 }
+
+// A loader failure is a *LoadError in every process; in the loader's own
+// process it unwraps to the loader's error.
+func ExampleLoadError() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	c := herd.New(rdb, &herd.Options{RetryFailedLoad: true}) // waiters elsewhere retry once
+	defer c.Close()
+
+	errDB := errors.New("db: connection reset")
+	_, err := c.Get(context.Background(), "user:404", time.Minute, func(context.Context) ([]byte, error) {
+		return nil, errDB
+	})
+	var le *herd.LoadError
+	if errors.As(err, &le) {
+		fmt.Println(err)
+		fmt.Println(le.Key, le.Remote, errors.Is(err, errDB), errors.Is(err, herd.ErrLoadFailed))
+	}
+	// Output:
+	// herd: load failed: "user:404": db: connection reset
+	// user:404 false true true
+}

@@ -70,9 +70,10 @@ var errYielded = errors.New("herd: the fill was given up")
 //     When [Fill.Leased] is false the rebuild is not leased (Redis is
 //     unreachable, or the wait budget for another process's rebuild was
 //     spent with Fallback LoadLocally): build it for this caller only.
-//   - an error: [ErrNotFound] (a negative entry), ErrLoadFailed (the
+//   - an error: [ErrNotFound] (a negative entry), a [*LoadError] (the
 //     rebuild this caller waited on failed; calling Begin again makes a
-//     new leader), [ErrNotShared] (that rebuild was not for sharing: build
+//     new leader: Begin itself does not retry, whatever
+//     [Options.RetryFailedLoad] says), [ErrNotShared] (that rebuild was not for sharing: build
 //     it yourself; wrapping [ErrPass] too when the key carries a pass
 //     mark, see [Fill.Pass]: build it yourself, nobody waits for it),
 //     [ErrWaitTimeout], [ErrUnavailable], ctx.Err(), or the
@@ -394,8 +395,9 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 // Abort ends the Fill without a value. The lease is released at once and
 // the waiting callers are told: with a cause wrapping [ErrNotShared] they
 // get ErrNotShared and build the value themselves; with a *PanicError or
-// any other cause they get an error wrapping [ErrLoadFailed] (calling
-// Begin again makes one of them the new leader). A nil cause counts as a
+// any other cause they get a [*LoadError] (Remote in other processes;
+// with a cause marked [NoShare], one that says it was not shared);
+// calling Begin again makes one of them the new leader. A nil cause counts as a
 // plain failure. Calls after the first Commit or Abort do nothing.
 func (fl *Fill) Abort(cause error) {
 	fl.once.Do(func() {
@@ -404,26 +406,18 @@ func (fl *Fill) Abort(cause error) {
 		if cause == nil {
 			cause = errors.New("aborted")
 		}
-		kind := byte(failError)
-		var pe *PanicError
-		switch {
-		case errors.Is(cause, ErrNotShared):
-			kind = failNotShared
-		case errors.As(cause, &pe):
-			kind = failPanic
+		err, kind, text := cause, byte(failNotShared), cause.Error()
+		if !errors.Is(cause, ErrNotShared) {
+			err, kind, text = loadFailure(fl.f.key, cause)
 		}
-		err := cause
 		fl.countLoad(cause)
-		if kind != failNotShared {
-			err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, fl.f.key, cause)
-		}
 		if fl.lease != nil && errors.Is(cause, ErrClosed) {
 			// This process is shutting down: hand the rebuild over.
 			fl.lease.finish()
 			c.releaseDetached(fl.f, fl.lease, msgReleased, 0)
 		} else if fl.lease != nil {
 			fl.lease.finish()
-			c.releaseDetached(fl.f, fl.lease, failMessage(kind, fl.lease, err.Error()), 0)
+			c.releaseDetached(fl.f, fl.lease, failMessage(kind, fl.lease, text), 0)
 		}
 		fl.resolve(nil, err, currency{})
 	})

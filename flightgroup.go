@@ -1,7 +1,6 @@
 package herd
 
 import (
-	"fmt"
 	"runtime/debug"
 	"sync"
 
@@ -29,7 +28,7 @@ type flightCall struct {
 // DoChan starts a call of fn for key in a new goroutine, unless one is
 // running, and returns a channel that receives the call's result. Shared
 // reports that the result went to more than one caller. A panic in fn is
-// the call's error (wrapping [ErrLoadFailed] and a [*PanicError]), with
+// the call's error (a [*LoadError] holding a [*PanicError]), with
 // an empty *flightResult as its value, not a crash.
 func (g *flightGroup) DoChan(key string, fn func() (any, error)) <-chan singleflight.Result {
 	ch := make(chan singleflight.Result, 1)
@@ -44,7 +43,7 @@ func (g *flightGroup) DoChan(key string, fn func() (any, error)) <-chan singlefl
 			defer func() {
 				if !normal {
 					if r := recover(); r != nil {
-						err = fmt.Errorf("%w: %w", ErrLoadFailed, &PanicError{Value: r, Stack: debug.Stack()})
+						err = newLoadError(key, &PanicError{Value: r, Stack: debug.Stack()})
 					} else {
 						err = errGoexit
 					}

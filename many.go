@@ -141,7 +141,7 @@ func (e *ManyError) keys() []string {
 // nil when every key has a value or was not found; otherwise it is a
 // [*ManyError] holding the error of each key that failed, and the result
 // still holds the others' values: an empty key ([ErrInvalidKey]), a
-// loader failure ([ErrLoadFailed]), [ErrValueTooLarge], [ErrUnavailable]
+// loader failure (a [*LoadError]), [ErrValueTooLarge], [ErrUnavailable]
 // with [Options.FailClosed] when Redis is unreachable (without it the
 // missing keys are loaded locally, once, as Get fails open), ctx.Err()
 // for the keys still waiting when ctx ends (their rebuilds go on for the
@@ -592,9 +592,9 @@ func (c *Cache) runMany(load ManyLoadFunc, ms []*member) {
 	defer func() {
 		// herd's own bugs must not leave callers waiting (or crash).
 		if r := recover(); r != nil {
-			err := fmt.Errorf("%w: %w", ErrLoadFailed, &PanicError{Value: r, Stack: debug.Stack()})
+			pe := &PanicError{Value: r, Stack: debug.Stack()}
 			for _, m := range ms {
-				c.finishMember(m, nil, err)
+				c.finishMember(m, nil, newLoadError(m.f.key, pe))
 			}
 		}
 	}()
@@ -645,7 +645,7 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 	for i, m := range ms {
 		ttls[i] = c.leaseFor(m.f.key)
 		c.locker.cfg.repl.prime(c.ctx, c.rdb, m.f.keys.fence)
-		calls[i], owners[i] = c.locker.acquireCall(m.f.keys, ttls[i], modeMiss, nil, "")
+		calls[i], owners[i] = c.locker.acquireCall(m.f.keys, ttls[i], modeMiss, nil, awaiting{})
 	}
 	sent := time.Now()
 	c.locker.cfg.repl.runBatch(c.ctx, c.rdb, acquireScript, calls)
@@ -720,7 +720,7 @@ func (c *Cache) followMember(m *member, pttl time.Duration) {
 	}
 	go func() {
 		defer done()
-		v, err := guarded(func() ([]byte, error) { return c.follow(m.f, pttl) })
+		v, err := guarded(m.f.key, func() ([]byte, error) { return c.follow(m.f, pttl) })
 		c.finishMember(m, v, err)
 	}()
 }
@@ -755,7 +755,7 @@ func (c *Cache) leadMany(load ManyLoadFunc, led []*member) {
 		m.f.commits = commits
 		ld := loaded{val: v, err: kerr, start: start, writes: writes[i], delta: delta, exp: exp}
 		wg.Go(func() {
-			out, oerr := guarded(func() ([]byte, error) {
+			out, oerr := guarded(m.f.key, func() ([]byte, error) {
 				defer m.f.skipCommit()
 				return c.settle(m.f, m.lease, false, ld)
 			})
@@ -814,11 +814,12 @@ func (c *Cache) loadManyLocal(load ManyLoadFunc, ms []*member, cause error) {
 	}
 }
 
-// guarded runs fn, turning a panic (a bug of herd's) into an error.
-func guarded(fn func() ([]byte, error)) (val []byte, err error) {
+// guarded runs fn for key, turning a panic (a bug of herd's) into an
+// error.
+func guarded(key string, fn func() ([]byte, error)) (val []byte, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			val, err = nil, fmt.Errorf("%w: %w", ErrLoadFailed, &PanicError{Value: r, Stack: debug.Stack()})
+			val, err = nil, newLoadError(key, &PanicError{Value: r, Stack: debug.Stack()})
 		}
 	}()
 	return fn()

@@ -26,6 +26,7 @@ const (
 	failPanic     = 'p' // the loader panicked
 	failNotFound  = 'n' // the loader returned ErrNotFound and negatives are not cached
 	failNotShared = 'u' // the value is not for sharing (Fill.Abort with ErrNotShared)
+	failNoShare   = 'l' // the loader's error is not for sharing (NoShare): retry
 )
 
 // Health check of an idle pub/sub connection: after pingIdle without any

@@ -258,6 +258,28 @@ type Options struct {
 	// LoadLocally.
 	Fallback Fallback
 
+	// RetryFailedLoad makes the callers that wait on a rebuild which then
+	// fails (its loader returned an error or panicked) retry once with a
+	// new leader instead of all getting the failure: the first of them to
+	// look takes the key's lease, cluster-wide, and loads; the others wait
+	// for it, and get its value, or its error (no second retry). A wave of
+	// callers thus calls a failing source at most twice, one call at a
+	// time, where without the retry it calls it once. The callers in the
+	// failed leader's own process share its flight and get its error, as
+	// does [Cache.Begin], whose callers decide for themselves (the HTTP
+	// middleware retries once by calling Begin again, so the two never
+	// multiply). The retry is also bounded by the wait budget. A loader
+	// error marked with [NoShare] is retried this way whatever this says.
+	//
+	// Default: false, no retry: one transient failure fails every caller
+	// waiting on it, in every process, and a source that is down sees one
+	// call per wave. Turn it on when failures are mostly transient (a
+	// reset connection, a timeout of one request) and a second call costs
+	// less than failing the whole wave; leave it off when the source fails
+	// under load (the retry doubles the calls exactly then) or when most
+	// failures are permanent (a retry only doubles their latency).
+	RetryFailedLoad bool
+
 	// StaleFor keeps a value servable that long after its ttl ends (the
 	// hard TTL in Redis is ttl + StaleFor). A stale hit returns at once and
 	// starts one background refresh under the key's lease: RFC 5861

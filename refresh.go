@@ -139,7 +139,7 @@ func (c *Cache) refresh(f *flight, seenFence []byte) {
 		return
 	}
 	gr := c.newGenRead()
-	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence, "", gr.side())
+	r, err := c.locker.attempt(c.ctx, f.key, f.keys, c.leaseFor(f.key), modeRefresh, seenFence, awaiting{}, gr.side())
 	if err != nil {
 		// This call may be the breaker's probe: every outcome reports to
 		// the breaker, or no other call would reach Redis again.

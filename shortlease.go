@@ -239,7 +239,7 @@ func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
 // try runs the ACQUIRE script once. On ErrLeaseHeld it also returns the
 // holder's remaining time (0 when unknown).
 func (l *Locker) try(ctx context.Context, key string, keys keyFamily, ttl time.Duration) (*Lease, time.Duration, error) {
-	r, err := l.attempt(ctx, key, keys, ttl, "", nil, "", nil)
+	r, err := l.attempt(ctx, key, keys, ttl, "", nil, awaiting{}, nil)
 	return r.lease, r.pttl, err
 }
 
@@ -290,6 +290,12 @@ type attempted struct {
 	counter uint64        // held: the key's fence counter when the holder was seen
 }
 
+// awaiting says which failure markers an ACQUIRE in miss mode reports
+// (see acquire.lua): that of the leader a follower waits for (fence), and,
+// once the follower retried a failed load, that of any leader newer than
+// the failed one (after), when the lease is free.
+type awaiting struct{ fence, after string }
+
 // attempt runs ACQUIRE once. The Cache's modes close the race in which a
 // rebuild commits between a caller's GET and its ACQUIRE: modeMiss does
 // not acquire when the key holds any value and returns it; modeRefresh
@@ -297,7 +303,7 @@ type attempted struct {
 // bytes are seen, or while failed refreshes back off. Neither is an
 // error; ErrLeaseHeld is. side, if not nil, is a read sent in the same
 // round trip (the Cache's purge generation, see tags.go).
-func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited string, side redis.Cmder) (attempted, error) {
+func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited awaiting, side redis.Cmder) (attempted, error) {
 	l.cfg.repl.prime(ctx, l.rdb, keys.fence) // its round trip must not count against the lease
 	start := time.Now()
 	call, owner := l.acquireCall(keys, ttl, mode, seen, awaited)
@@ -307,13 +313,13 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 
 // acquireCall builds the ACQUIRE of keys' lease for a new owner (see
 // attempt), to be run alone or in a batch (see runBatch).
-func (l *Locker) acquireCall(keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited string) (call *scriptCall, owner string) {
+func (l *Locker) acquireCall(keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited awaiting) (call *scriptCall, owner string) {
 	owner = newOwner()
 	names := []string{keys.lease, keys.fence}
 	args := []any{owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()}
 	if mode != "" {
 		names = append(names, keys.value, keys.backoff, keys.failed)
-		args = append(args, mode, seen, awaited)
+		args = append(args, mode, seen, awaited.fence, awaited.after)
 	}
 	return &scriptCall{route: keys.fence, keys: names, args: args}, owner
 }

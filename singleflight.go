@@ -55,6 +55,12 @@ type flight struct {
 	awaited string
 	floor   uint64
 
+	// retried is the fence of the failed leader whose load this follower
+	// retries (see Options.RetryFailedLoad and NoShare), or empty: then
+	// the failure of any newer leader ends the wait, and it does not retry
+	// again.
+	retried string
+
 	// Read-your-writes. seen is when the Redis command whose reply the
 	// flight is deciding on was sent; heldAt is when the last ACQUIRE that
 	// found the lease held was sent (a value announced after it was
@@ -162,7 +168,7 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 		// herd's own bugs, which must not crash the process either (x/sync
 		// re-panics in a goroutine when a DoChan caller waits).
 		if r := recover(); r != nil {
-			val, err = nil, fmt.Errorf("%w: %w", ErrLoadFailed, &PanicError{Value: r, Stack: debug.Stack()})
+			val, err = nil, newLoadError(f.key, &PanicError{Value: r, Stack: debug.Stack()})
 		}
 	}()
 	if !c.brk.allow() {
@@ -211,18 +217,27 @@ func (c *Cache) run(f *flight) (val []byte, err error) {
 // ErrLeaseHeld pttl is the holder's remaining time.
 func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, done bool, pttl time.Duration, err error) {
 	ttl := c.leaseFor(f.key)
-	sent := time.Now()
-	gr := c.newGenRead()
-	r, err := c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, f.awaited, gr.side())
-	if r.failure != "" {
-		// The leader this follower waited for failed, and the message
-		// did not reach it: the failure marker tells.
+	var (
+		sent time.Time
+		gr   genRead
+		r    attempted
+	)
+	for i := range 3 {
+		sent, gr = time.Now(), c.newGenRead()
+		aw := awaiting{fence: f.awaited, after: f.retried}
+		if i == 2 {
+			aw = awaiting{} // bounded: the markers have answered twice
+		}
+		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, aw, gr.side())
+		if r.failure == "" {
+			break
+		}
+		// The leader this follower waited for failed (or, after a retry,
+		// a newer one did), and the message did not reach it: the failure
+		// marker tells. Unless it retries, that ends the flight.
 		if v, ferr, done := c.onNotice(f, notice{payload: r.failure}); done {
 			return nil, v, true, 0, ferr
 		}
-		sent = time.Now()
-		gr = c.newGenRead()
-		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, "", gr.side())
 	}
 	if r.holder != "" {
 		f.awaited = r.holder
@@ -417,19 +432,16 @@ func (c *Cache) settle(f *flight, lease *Lease, refresh bool, ld loaded) ([]byte
 		c.releaseDetached(f, lease, msgReleased, 0)
 		return nil, ErrClosed
 	}
-	kind := byte(failError)
-	var pe *PanicError
-	switch {
-	case notFound:
-		kind = failNotFound
-	case errors.As(err, &pe):
-		kind = failPanic
-	}
-	if !notFound {
+	var msg string
+	if notFound {
+		msg = failMessage(failNotFound, lease, err.Error())
+	} else {
 		c.countFailedLoad(err)
-		err = fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
+		var kind byte
+		var text string
+		err, kind, text = loadFailure(f.key, err)
+		msg = failMessage(kind, lease, text)
 	}
-	msg := failMessage(kind, lease, err.Error())
 	if refresh {
 		// Stale-if-error: the stale value stays servable until its hard
 		// TTL; refreshes back off cluster-wide so the failing source is
@@ -699,7 +711,7 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 		return env.payload, nil, true
 	case msgFailed:
 		kind, fence, text := parseFailMessage(nt.payload)
-		if f.awaited != "" && fence != "" && fence != f.awaited {
+		if !f.endedBy(fence) {
 			return nil, nil, false // another leader's failure: look again
 		}
 		switch kind {
@@ -709,13 +721,90 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 		case failNotShared:
 			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, text), true
 		}
-		if kind == failPanic {
-			pe := &PanicError{Value: text, Remote: true}
-			return nil, fmt.Errorf("%w: %q: the rebuilding process reported: %w", ErrLoadFailed, f.key, pe), true
+		if c.retries(f, kind, fence) {
+			return nil, nil, false // look again: take the lease, or follow who did
 		}
-		return nil, fmt.Errorf("%w: %q: the rebuilding process reported: %s", ErrLoadFailed, f.key, text), true
+		return nil, remoteLoadError(f.key, kind, text), true
 	}
 	return nil, nil, false
+}
+
+// endedBy reports whether the failure of the leader with the given fence
+// ends f's wait: before a retry, the awaited leader's does, or a newer
+// leader's (the awaited one is gone; a marker tells only of the last
+// failure), and any if the follower does not know whom it awaits; after
+// a retry, that of any leader newer than the one whose load it retries.
+// An older leader's failure (a message queued before the awaited leader
+// took the lease) does not.
+func (f *flight) endedBy(fence string) bool {
+	if fence == "" {
+		return true
+	}
+	if f.retried != "" {
+		return fenceAfter(fence, f.retried)
+	}
+	return f.awaited == "" || fence == f.awaited || fenceAfter(fence, f.awaited)
+}
+
+// fenceAfter reports whether fence a is newer than fence b (both decimal).
+func fenceAfter(a, b string) bool {
+	x, errA := strconv.ParseUint(a, 10, 64)
+	y, errB := strconv.ParseUint(b, 10, 64)
+	return errA == nil && errB == nil && x > y
+}
+
+// retries decides whether the follower f retries the failed load of the
+// leader with the given fence (one retry per flight, with a loader: see
+// Options.RetryFailedLoad and NoShare). Only the failure of the leader it
+// awaited is retried: a newer leader's failure means another follower
+// retried already. When it does, f forgets the leader it awaited and
+// remembers which one failed.
+func (c *Cache) retries(f *flight, kind byte, fence string) bool {
+	if f.retried != "" || f.load == nil || (kind != failNoShare && !c.cfg.RetryFailedLoad) {
+		return false
+	}
+	if fence == "" || fence != f.awaited {
+		return false
+	}
+	f.retried, f.awaited = fence, ""
+	c.stats.loadRetries.Add(1)
+	return true
+}
+
+// loadFailure is what a load of key that failed with cause (not
+// ErrNotFound) tells: the error its callers in this process get, and the
+// kind and text of the failure message for the others. A panic sends its
+// value's text, an error its text, a NoShare error nothing of it.
+func loadFailure(key string, cause error) (err *LoadError, kind byte, text string) {
+	err = newLoadError(key, cause)
+	var pe *PanicError
+	switch {
+	case isNoShare(cause):
+		return err, failNoShare, notSharedText
+	case errors.As(cause, &pe):
+		return err, failPanic, fmt.Sprint(pe.Value)
+	}
+	return err, failError, err.Msg
+}
+
+// remoteLoadError is the error a follower of key gets from a failure
+// message of the given kind and text.
+func remoteLoadError(key string, kind byte, text string) *LoadError {
+	// A process of an earlier version sent the whole error, key and
+	// prefix included (and a panic's stack): keep only the cause.
+	text = strings.TrimPrefix(text, ErrLoadFailed.Error()+": "+strconv.Quote(key)+": ")
+	e := &LoadError{Key: key, Msg: text, Remote: true}
+	switch kind {
+	case failPanic:
+		if rest, ok := strings.CutPrefix(text, "herd: loader panicked: "); ok {
+			text, _, _ = strings.Cut(rest, "\n\n")
+		}
+		pe := &PanicError{Value: text, Remote: true}
+		e.Msg, e.Err = "herd: loader panicked: "+text, pe
+	case failNoShare:
+		e.Msg = notSharedText
+	}
+	return e
 }
 
 // check looks at Redis: a usable value ends the wait; a free lease is
@@ -855,7 +944,7 @@ func (c *Cache) localResult(f *flight, val []byte, err error) ([]byte, error) {
 		return nil, ErrNotFound
 	case err != nil:
 		c.countFailedLoad(err)
-		return nil, fmt.Errorf("%w: %q: %w", ErrLoadFailed, f.key, err)
+		return nil, newLoadError(f.key, err)
 	}
 	return val, nil
 }

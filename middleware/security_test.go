@@ -1005,8 +1005,20 @@ func TestErrorResponses(t *testing.T) {
 // for it in this process, so each wave is complete before the next gate
 // opens. The "burst" variant sends all ten at once: some of them then
 // follow the leader through Redis.
+//
+// Each runs with and without herd.Options.RetryFailedLoad: the Cache's
+// retry does not apply to Begin, so it never adds to the middleware's own
+// (two runs per wave, not three or four).
 func TestFailedLeaderNoStampede(t *testing.T) {
-	c, rdb := newCache(t, &herd.Options{WaitTimeout: secWait})
+	for _, retry := range []bool{false, true} {
+		t.Run(fmt.Sprintf("RetryFailedLoad=%v", retry), func(t *testing.T) {
+			testFailedLeaderNoStampede(t, retry)
+		})
+	}
+}
+
+func testFailedLeaderNoStampede(t *testing.T, retry bool) {
+	c, rdb := newCache(t, &herd.Options{WaitTimeout: secWait, RetryFailedLoad: retry})
 	for _, rt := range secRouters {
 		for _, burst := range []bool{false, true} {
 			for _, retryStatus := range []int{http.StatusOK, http.StatusInternalServerError, http.StatusBadGateway} {

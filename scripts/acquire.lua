@@ -4,13 +4,17 @@
 -- ARGV[1] owner (random, 32 hex), ARGV[2] lease ms, ARGV[3] fence ttl ms,
 -- ARGV[4] mode: absent (a plain lease), 'miss' or 'refresh',
 -- ARGV[5] (refresh) the fence bytes of the envelope the caller saw,
--- ARGV[6] (miss) the fence of the leader the caller waits for, or ''
+-- ARGV[6] (miss) the fence of the leader the caller waits for, or '',
+-- ARGV[7] (miss) after a retry, the fence of the leader whose failure was
+-- retried, or '' (optional)
 -- Returns:
 --   {1, fence}        this owner holds the lease (fence: a decimal string)
 --   {2, value}        nothing to rebuild: a value landed since the caller
 --                     looked (miss: any value; refresh: a different envelope)
 --   {3, pttl}         refresh: failed refreshes are backing off for pttl ms
---   {4, message}      miss: the awaited leader failed (its failure message)
+--   {4, message}      miss: the awaited leader failed (its failure message),
+--                     or, after a retry and with the lease free, a leader
+--                     newer than the retried one failed (the retry failed)
 --   {0, pttl, fence, counter}  another owner holds the lease for pttl ms;
 --                     fence is the holder's, counter the key's fence counter
 --                     now (a value announced later with a lower fence is
@@ -51,12 +55,26 @@ if cur then
   holder = string.sub(cur, (string.find(cur, ':', 1, true) or #cur) + 1)
 end
 local awaited = ARGV[6] or ''
-if mode == 'miss' and awaited ~= '' and holder ~= awaited and KEYS[5] then
+local after = ARGV[7] or ''
+local gone = awaited ~= '' and holder ~= awaited
+if mode == 'miss' and KEYS[5] and (gone or after ~= '') then
   -- The leader this caller waits for is gone: did it fail? (A follower
-  -- whose subscription missed the failure message learns it here.)
+  -- whose subscription missed the failure message learns it here.) With
+  -- the lease free, a newer leader's failure tells too (the marker holds
+  -- only the last one): that leader was a retry or a takeover, and the
+  -- caller must not call a failing source once more. After a retry
+  -- (after: the retried leader's fence), only a newer leader's failure.
   local x = redis.call('GET', KEYS[5])
-  if x and string.sub(x, 1, #awaited + 1) == awaited .. '|' then
-    return {4, string.sub(x, #awaited + 2)}
+  local i = x and string.find(x, '|', 1, true)
+  if i then
+    local xf = string.sub(x, 1, i - 1)
+    local floor = after
+    if floor == '' then
+      floor = awaited
+    end
+    if (after == '' and gone and xf == awaited) or (not cur and (tonumber(xf) or 0) > (tonumber(floor) or 0)) then
+      return {4, string.sub(x, i + 1)}
+    end
   end
 end
 if cur then
