@@ -156,3 +156,27 @@ func ExampleLoadError() {
 	// herd: load failed: "user:404": db: connection reset
 	// user:404 false true true
 }
+
+// WithOutcome tells how each call was served: the first Get loads the
+// value (leader), the second is a hit. One Outcome variable per call;
+// callers of one flight in a process share its outcome.
+func ExampleWithOutcome() {
+	mr, _ := miniredis.Run()
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+	c := herd.New(rdb, nil)
+	defer c.Close()
+
+	load := func(context.Context) ([]byte, error) { return []byte("v"), nil }
+	for range 2 {
+		var o herd.Outcome
+		if _, err := c.Get(herd.WithOutcome(context.Background(), &o), "k", time.Minute, load); err != nil {
+			fmt.Println(err)
+		}
+		fmt.Println(o)
+	}
+	// Output:
+	// leader
+	// hit
+}

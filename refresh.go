@@ -44,8 +44,14 @@ func (o Outcome) String() string {
 type outcomeKey struct{}
 
 // WithOutcome returns a context that makes [Cache.Get], [Fetch] and
-// [Cache.Peek] record how the call was served in *o. Callers of one flight in a process share
-// its outcome. The HTTP middleware uses it for the Cache-Status header.
+// [Cache.Peek] record how the call was served in *o: declare an Outcome
+// per call, pass WithOutcome(ctx, &o) to it, and read o after it
+// returns (see the example). The recording is a context value so that
+// Get, Fetch and Peek keep one signature, and so that a middleware or a
+// helper between the caller and herd passes it through untouched.
+// Callers of one flight in a process share its outcome. The HTTP
+// middleware uses it for the Cache-Status header. o is written by the
+// call's goroutine before the call returns, never after.
 func WithOutcome(ctx context.Context, o *Outcome) context.Context {
 	return context.WithValue(ctx, outcomeKey{}, o)
 }
