@@ -50,8 +50,8 @@ type outcomeKey struct{}
 // Get, Fetch and Peek keep one signature, and so that a middleware or a
 // helper between the caller and herd passes it through untouched.
 // Callers of one flight in a process share its outcome. The HTTP
-// middleware uses it for the Cache-Status header. o is written by the
-// call's goroutine before the call returns, never after.
+// middleware uses it for the Cache-Status header. Get, Fetch and Peek
+// write o in the calling goroutine, before they return.
 func WithOutcome(ctx context.Context, o *Outcome) context.Context {
 	return context.WithValue(ctx, outcomeKey{}, o)
 }
