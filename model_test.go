@@ -243,7 +243,8 @@ func TestModelScriptConformance(t *testing.T) {
 		"release retried: 1",
 		"acquire, then a failed load's release: 1",
 		"acquire miss mode, the awaited leader failed: [4 str]",
-		"acquire miss mode, another leader's failure: [1 num]",
+		"acquire miss mode, a newer leader's failure: [4 str]",
+		"acquire miss mode, an older leader's failure: [1 num]",
 		"fenced set: [1 num]",
 		"fenced set lower: [0 num]",
 		"get missing: redis.Nil",
@@ -325,7 +326,13 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 		third+":"+token3, "PUBLISH", k.channel, "Fe"+token3+"|boom", 0, 0, 5000)
 	out[len(out)-1] = "acquire, then a failed load's release: " + shape(rdb.Exists(ctx, k.failed).Val(), nil)
 	run("acquire miss mode, the awaited leader failed", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", token3)
-	run("acquire miss mode, another leader's failure", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", "12345")
+	// The lease is free and the marker is of a rebuild newer than the one
+	// awaited: that failure is the answer (a follower that missed its
+	// message must not call a failing source again); a marker older than
+	// the awaited rebuild is not.
+	run("acquire miss mode, a newer leader's failure", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", "12345")
+	newer := strconv.FormatUint(mustUint(t, token3)+1, 10)
+	run("acquire miss mode, an older leader's failure", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", newer)
 	rdb.Del(ctx, k.lease)
 	run("fenced set", fencedSetScript, []string{k.record}, "100", "a", 0)
 	run("fenced set lower", fencedSetScript, []string{k.record}, "99", "b", 0)
