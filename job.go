@@ -89,8 +89,8 @@ type Job struct {
 	// Done is where completed periods are recorded ([NewFencedStore]).
 	Done FencedRecords
 
-	// Lease is the lease length the lock is taken for; KeepAlive renews
-	// it while fn runs. Default: 30s.
+	// Lease is the lease length the lock is taken for (MaxHold when that
+	// is shorter); KeepAlive renews it while fn runs. Default: 30s.
 	Lease time.Duration
 
 	// MaxHold caps a run: KeepAlive stops renewing at MaxHold after the
@@ -146,7 +146,14 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	if ttl <= 0 {
 		ttl = defaultJobLease
 	}
-	lease, err := j.Lock.TryAcquire(ctx, j.Name, ttl)
+	maxHold := j.MaxHold
+	if maxHold <= 0 {
+		maxHold = j.Period
+	}
+	// A cap before KeepAlive's first renewal (a third of the lease) would
+	// not end the lease, which would run to its own end: a MaxHold shorter
+	// than Lease is the lease's length.
+	lease, err := j.Lock.TryAcquire(ctx, j.Name, min(ttl, maxHold))
 	if errors.Is(err, ErrLeaseHeld) {
 		return false, nil
 	}
@@ -165,10 +172,6 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 		return false, fmt.Errorf("herd: job %q: claim the period: %w", j.Name, err)
 	}
 
-	maxHold := j.MaxHold
-	if maxHold <= 0 {
-		maxHold = j.Period
-	}
 	lease.KeepAlive(maxHold)
 	if err := runUnderLease(ctx, lease, fn); err != nil {
 		return true, fmt.Errorf("herd: job %q: %w", j.Name, err)
