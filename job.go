@@ -52,6 +52,10 @@ type FencedRecords interface {
 //     returns (true, the error); the next tick, on any instance, runs the
 //     job again. A panic in fn is not recovered; the lock is released and
 //     the period stays unrecorded.
+//   - The lease is lost after the claim but before fn starts (the holder
+//     paused past it): fn is not called, Run returns (false, an error
+//     wrapping [ErrLeaseLost]), and the period is done by whichever
+//     instance took the lock meanwhile, or by the next tick.
 //   - The lease is lost mid-run (a Redis failover, MaxHold passed, the
 //     holder paused past its lease): fn's ctx ends with cause
 //     [ErrLeaseLost] and the error Run returns wraps it. A holder that
@@ -128,7 +132,10 @@ func Once(ctx context.Context, lock Lock[LeaseHandle], done FencedRecords, name 
 //   - fn's error (wrapped, and joined with [ErrLeaseLost] when the lease
 //     was lost), with ran true: nothing was recorded;
 //   - an error wrapping [ErrFenced], when a newer holder claimed the
-//     period: before fn (ran false) or while fn ran (ran true).
+//     period: before fn (ran false) or while fn ran (ran true);
+//   - an error wrapping [ErrLeaseLost] with ran false, when the lease was
+//     lost between the claim and fn's start (the holder was paused past
+//     it): fn is not called, as another instance may have run the period.
 func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	if err := j.check(fn); err != nil {
 		return false, err
@@ -173,6 +180,12 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	}
 
 	lease.KeepAlive(maxHold)
+	if lostBefore(lease) {
+		// Paused past the lease since the claim: another instance may
+		// have run and recorded the period meanwhile. Not running is
+		// safe either way: the period is unrecorded or done.
+		return false, fmt.Errorf("herd: job %q: %w before the job started", j.Name, ErrLeaseLost)
+	}
 	if err := runUnderLease(ctx, lease, fn); err != nil {
 		return true, fmt.Errorf("herd: job %q: %w", j.Name, err)
 	}
@@ -221,6 +234,16 @@ func (j *Job) record(ctx context.Context, key string, start time.Time) (val []by
 		return nil, false, fmt.Errorf("herd: job %q: record %q is not a period start: %w", j.Name, val, err)
 	}
 	return val, last >= start.UnixNano(), nil
+}
+
+// lostBefore reports whether lease is known lost or past its deadline.
+func lostBefore(lease LeaseHandle) bool {
+	select {
+	case <-lease.Lost():
+		return true
+	default:
+		return !time.Now().Before(lease.Deadline())
+	}
 }
 
 // runUnderLease calls fn with a ctx that ends with ctx or when lease is
