@@ -93,12 +93,15 @@ type Job struct {
 	// Done is where completed periods are recorded ([NewFencedStore]).
 	Done FencedRecords
 
-	// Lease is the lease length the lock is taken for (MaxHold when that
-	// is shorter); KeepAlive renews it while fn runs. Default: 30s.
+	// Lease is the lease length the lock is taken for; KeepAlive renews
+	// it while fn runs. Default: 30s.
 	Lease time.Duration
 
-	// MaxHold caps a run: KeepAlive stops renewing at MaxHold after the
-	// acquire, the lease then runs out and fn's ctx ends. Default: Period.
+	// MaxHold caps a run: fn's ctx ends MaxHold after the acquire (with
+	// cause [ErrLeaseLost]) and KeepAlive stops renewing there, so the
+	// lease runs out by itself (by the end of the lease it had then, when
+	// MaxHold is shorter than a third of Lease) unless fn returns and
+	// Run releases it. Default: Period.
 	MaxHold time.Duration
 
 	// Now is the clock that periods are computed from. Default: time.Now.
@@ -157,10 +160,11 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	if maxHold <= 0 {
 		maxHold = j.Period
 	}
-	// A cap before KeepAlive's first renewal (a third of the lease) would
-	// not end the lease, which would run to its own end: a MaxHold shorter
-	// than Lease is the lease's length.
-	lease, err := j.Lock.TryAcquire(ctx, j.Name, min(ttl, maxHold))
+	// KeepAlive's cap counts from the acquire; fn's ctx ends at it here
+	// too, since a cap before KeepAlive's first renewal (a third of the
+	// lease) leaves the lease to run to its own end.
+	capAt := time.Now().Add(maxHold)
+	lease, err := j.Lock.TryAcquire(ctx, j.Name, ttl)
 	if errors.Is(err, ErrLeaseHeld) {
 		return false, nil
 	}
@@ -180,13 +184,13 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	}
 
 	lease.KeepAlive(maxHold)
-	if lostBefore(lease) {
+	if lostBefore(lease) || !time.Now().Before(capAt) {
 		// Paused past the lease since the claim: another instance may
 		// have run and recorded the period meanwhile. Not running is
 		// safe either way: the period is unrecorded or done.
 		return false, fmt.Errorf("herd: job %q: %w before the job started", j.Name, ErrLeaseLost)
 	}
-	if err := runUnderLease(ctx, lease, fn); err != nil {
+	if err := runUnderLease(ctx, lease, capAt, fn); err != nil {
 		return true, fmt.Errorf("herd: job %q: %w", j.Name, err)
 	}
 	// The work is done: record it even if ctx ended meanwhile, bounded by
@@ -246,12 +250,15 @@ func lostBefore(lease LeaseHandle) bool {
 	}
 }
 
-// runUnderLease calls fn with a ctx that ends with ctx or when lease is
-// lost, and returns fn's error, joined with ErrLeaseLost when the lease was
-// lost. No goroutine outlives the call.
-func runUnderLease(ctx context.Context, lease LeaseHandle, fn JobFunc) error {
+// runUnderLease calls fn with a ctx that ends with ctx, when lease is
+// lost or at capAt (MaxHold), and returns fn's error, joined with
+// ErrLeaseLost when the lease was lost or the cap passed. No goroutine
+// outlives the call.
+func runUnderLease(ctx context.Context, lease LeaseHandle, capAt time.Time, fn JobFunc) error {
 	jctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	capped := time.AfterFunc(time.Until(capAt), func() { cancel(ErrLeaseLost) })
+	defer capped.Stop()
 	stop, watched := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(watched)
