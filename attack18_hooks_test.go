@@ -88,7 +88,7 @@ func TestAttack18StartHooksLentContextAndEnds(t *testing.T) {
 		o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MaxRetries = 300*time.Millisecond, 300*time.Millisecond, 300*time.Millisecond, 0
 	})
 	book := newStepBook()
-	c := New(rdb, &Options{Observer: book.observer()})
+	c := New(rdb, &Options{Observer: book.observer(), StaleFor: time.Hour})
 	ctx := context.Background()
 	key := testKey(t)
 
@@ -125,6 +125,30 @@ func TestAttack18StartHooksLentContextAndEnds(t *testing.T) {
 		t.Fatalf("Begin: %v %v", fill, err)
 	}
 	fill.Abort(errors.New("no"))
+
+	// A background refresh of a stale value, its loader failing.
+	if err := c.Set(ctx, key+":stale", []byte("v"), 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	refreshed := make(chan struct{})
+	var once sync.Once
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := c.Get(ctx, key+":stale", time.Minute, func(context.Context) ([]byte, error) {
+			once.Do(func() { close(refreshed) })
+			return nil, errors.New("source down")
+		}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-refreshed:
+		case <-time.After(50 * time.Millisecond):
+			if time.Now().After(deadline) {
+				t.Fatal("no refresh")
+			}
+			continue
+		}
+		break
+	}
 
 	// Fail-open: Redis down, the load runs without a lease.
 	srv.Kill(t)
