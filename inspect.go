@@ -60,7 +60,8 @@ type InspectedValue struct {
 	StaleUntil time.Time     // the end of its stale window (FreshUntil without one)
 	Delta      time.Duration // how long its rebuild took (Δ, used by EarlyRefresh and calibration)
 	TTL        time.Duration // what is left of it in Redis
-	Corrupt    bool          // the bytes are not an intact envelope (then only TTL and Bytes are set)
+	Corrupt    bool          // the bytes are not an intact envelope (then only TTL and Bytes are set), or not bytes (Type)
+	Type       string        // the Redis type of a key that is not a string at the value's name ("hash", ...); Corrupt too
 }
 
 // InspectedLease is a held lease.
@@ -99,8 +100,12 @@ func (c *Cache) Inspect(ctx context.Context, key string) (*Inspection, error) {
 		return nil, fmt.Errorf("herd: inspect %q: %d replies from the script, want 10", key, len(r))
 	}
 	in := &Inspection{Key: key, Name: k.value}
-	if b, ok := r[0].(string); ok {
-		in.Value = inspectValue([]byte(b), pttl(r[1]))
+	switch v := r[0].(type) {
+	case string:
+		in.Value = inspectValue([]byte(v), pttl(r[1]))
+	case []any: // a key of another type at the value's name
+		typ, _ := v[0].(string)
+		in.Value = &InspectedValue{TTL: pttl(r[1]), Corrupt: true, Type: typ}
 	}
 	if s, ok := r[2].(string); ok {
 		owner, tok, _ := strings.Cut(s, ":")
@@ -161,6 +166,8 @@ func (in *Inspection) String() string {
 	switch v := in.Value; {
 	case v == nil:
 		b.WriteString("value:    none\n")
+	case v.Type != "":
+		fmt.Fprintf(&b, "value:    a Redis %s, not herd's (read as a miss), ttl %v\n", v.Type, v.TTL)
 	case v.Corrupt:
 		fmt.Fprintf(&b, "value:    %d bytes that are not an intact envelope (read as a miss), ttl %v\n", v.Bytes, v.TTL)
 	default:

@@ -52,6 +52,10 @@ type FencedRecords interface {
 //     returns (true, the error); the next tick, on any instance, runs the
 //     job again. A panic in fn is not recovered; the lock is released and
 //     the period stays unrecorded.
+//   - The lease is lost after the claim but before fn starts (the holder
+//     paused past it): fn is not called, Run returns (false, an error
+//     wrapping [ErrLeaseLost]), and the period is done by whichever
+//     instance took the lock meanwhile, or by the next tick.
 //   - The lease is lost mid-run (a Redis failover, MaxHold passed, the
 //     holder paused past its lease): fn's ctx ends with cause
 //     [ErrLeaseLost] and the error Run returns wraps it. A holder that
@@ -93,8 +97,11 @@ type Job struct {
 	// it while fn runs. Default: 30s.
 	Lease time.Duration
 
-	// MaxHold caps a run: KeepAlive stops renewing at MaxHold after the
-	// acquire, the lease then runs out and fn's ctx ends. Default: Period.
+	// MaxHold caps a run: fn's ctx ends MaxHold after the acquire (with
+	// cause [ErrLeaseLost]) and KeepAlive stops renewing there, so the
+	// lease runs out by itself (by the end of the lease it had then, when
+	// MaxHold is shorter than a third of Lease) unless fn returns and
+	// Run releases it. Default: Period.
 	MaxHold time.Duration
 
 	// Now is the clock that periods are computed from. Default: time.Now.
@@ -128,7 +135,10 @@ func Once(ctx context.Context, lock Lock[LeaseHandle], done FencedRecords, name 
 //   - fn's error (wrapped, and joined with [ErrLeaseLost] when the lease
 //     was lost), with ran true: nothing was recorded;
 //   - an error wrapping [ErrFenced], when a newer holder claimed the
-//     period: before fn (ran false) or while fn ran (ran true).
+//     period: before fn (ran false) or while fn ran (ran true);
+//   - an error wrapping [ErrLeaseLost] with ran false, when the lease was
+//     lost between the claim and fn's start (the holder was paused past
+//     it): fn is not called, as another instance may have run the period.
 func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	if err := j.check(fn); err != nil {
 		return false, err
@@ -146,6 +156,14 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	if ttl <= 0 {
 		ttl = defaultJobLease
 	}
+	maxHold := j.MaxHold
+	if maxHold <= 0 {
+		maxHold = j.Period
+	}
+	// KeepAlive's cap counts from the acquire; fn's ctx ends at it here
+	// too, since a cap before KeepAlive's first renewal (a third of the
+	// lease) leaves the lease to run to its own end.
+	capAt := time.Now().Add(maxHold)
 	lease, err := j.Lock.TryAcquire(ctx, j.Name, ttl)
 	if errors.Is(err, ErrLeaseHeld) {
 		return false, nil
@@ -165,12 +183,14 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 		return false, fmt.Errorf("herd: job %q: claim the period: %w", j.Name, err)
 	}
 
-	maxHold := j.MaxHold
-	if maxHold <= 0 {
-		maxHold = j.Period
-	}
 	lease.KeepAlive(maxHold)
-	if err := runUnderLease(ctx, lease, fn); err != nil {
+	if lostBefore(lease) || !time.Now().Before(capAt) {
+		// Paused past the lease since the claim: another instance may
+		// have run and recorded the period meanwhile. Not running is
+		// safe either way: the period is unrecorded or done.
+		return false, fmt.Errorf("herd: job %q: %w before the job started", j.Name, ErrLeaseLost)
+	}
+	if err := runUnderLease(ctx, lease, capAt, fn); err != nil {
 		return true, fmt.Errorf("herd: job %q: %w", j.Name, err)
 	}
 	// The work is done: record it even if ctx ended meanwhile, bounded by
@@ -220,12 +240,25 @@ func (j *Job) record(ctx context.Context, key string, start time.Time) (val []by
 	return val, last >= start.UnixNano(), nil
 }
 
-// runUnderLease calls fn with a ctx that ends with ctx or when lease is
-// lost, and returns fn's error, joined with ErrLeaseLost when the lease was
-// lost. No goroutine outlives the call.
-func runUnderLease(ctx context.Context, lease LeaseHandle, fn JobFunc) error {
+// lostBefore reports whether lease is known lost or past its deadline.
+func lostBefore(lease LeaseHandle) bool {
+	select {
+	case <-lease.Lost():
+		return true
+	default:
+		return !time.Now().Before(lease.Deadline())
+	}
+}
+
+// runUnderLease calls fn with a ctx that ends with ctx, when lease is
+// lost or at capAt (MaxHold), and returns fn's error, joined with
+// ErrLeaseLost when the lease was lost or the cap passed. No goroutine
+// outlives the call.
+func runUnderLease(ctx context.Context, lease LeaseHandle, capAt time.Time, fn JobFunc) error {
 	jctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	capped := time.AfterFunc(time.Until(capAt), func() { cancel(ErrLeaseLost) })
+	defer capped.Stop()
 	stop, watched := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(watched)

@@ -124,7 +124,7 @@ func stats(ctx context.Context, rdb redis.UniversalClient, prefix string, asJSON
 	var mu sync.Mutex
 	counts := map[string]int64{}
 	scan := func(ctx context.Context, node *redis.Client) error {
-		iter := node.Scan(ctx, 0, prefix+":*", 1000).Iterator()
+		iter := node.Scan(ctx, 0, globQuote(prefix)+":*", 1000).Iterator()
 		local := map[string]int64{}
 		for iter.Next(ctx) {
 			local[role(prefix, iter.Val())]++
@@ -167,6 +167,19 @@ func stats(ctx context.Context, rdb redis.UniversalClient, prefix string, asJSON
 		fmt.Fprintf(out, "  %-20s %d\n", k, counts[k])
 	}
 	return nil
+}
+
+// globQuote escapes SCAN's glob characters in s, so that a prefix such as
+// "app[1]" or "a*" matches itself only.
+func globQuote(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\^-`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // role classifies one of herd's Redis names: PREFIX:{T}:ROLE, or
