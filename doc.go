@@ -267,7 +267,10 @@
 // CLUSTER FAILOVER) the new master's messages reach the near cache
 // through replication or the cluster bus, later than the bound allows,
 // until its connection to the old master fails; on a Cluster the masters
-// are re-read every second and a change flushes. On a Ring the bound
+// are re-read every second and a change flushes; likewise a master added
+// to a Cluster: until the near cache has re-read the masters (within a
+// second) that master's messages reach it only through the cluster bus,
+// not ordered with its PINGs. On a Ring the bound
 // holds while every process's Ring has the same live shards. The costs:
 // about one GET per write of a hot key per process that holds it, 4 PINGs
 // per Staleness per master and process, on a Cluster a CLUSTER SLOTS per
