@@ -5,7 +5,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"github.com/herdkit/herd/leasewatch"
 	"strconv"
 	"sync"
 	"time"
@@ -319,34 +319,11 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	go l.renew(w, capAt)
 }
 
-// renew is the watchdog loop.
+// renew is the watchdog loop: herd's shared KeepAlive loop on this
+// lease.
 func (l *Lease) renew(w *watchdog, capAt time.Time) {
 	defer close(w.done)
-	timer := time.NewTimer(l.ttl)
-	defer timer.Stop()
-	for {
-		timer.Reset(l.ttl/3 + rand.N(l.ttl/6+1))
-		select {
-		case <-w.ctx.Done():
-			return
-		case <-l.lost:
-			return
-		case <-timer.C:
-		}
-		ext := l.ttl
-		if !capAt.IsZero() {
-			ext = min(ext, time.Until(capAt))
-			if ext < time.Millisecond {
-				return // at the cap: the lease runs out by itself
-			}
-		}
-		if err := l.extend(w.ctx, ext); err != nil {
-			return // lost, released or stopped
-		}
-		if ext < l.ttl {
-			return // the capped, final renewal
-		}
-	}
+	leasewatch.Renew(w.ctx, l.lost, l.ttl, capAt, l.Deadline, l.extend)
 }
 
 // stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.

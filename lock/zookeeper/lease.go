@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"github.com/herdkit/herd/leasewatch"
 	"sync"
 	"time"
 
@@ -295,50 +295,11 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	go l.renew(w, capAt)
 }
 
-// renew is the watchdog loop.
+// renew is the watchdog loop: herd's shared KeepAlive loop on this
+// lease.
 func (l *Lease) renew(w *watchdog, capAt time.Time) {
 	defer close(w.done)
-	timer := time.NewTimer(l.ttl)
-	defer timer.Stop()
-	wait := func(d time.Duration) bool {
-		timer.Reset(d)
-		select {
-		case <-w.ctx.Done():
-			return false
-		case <-l.lost:
-			return false
-		case <-timer.C:
-			return true
-		}
-	}
-	retry := min(max(l.ttl/20, time.Millisecond), 50*time.Millisecond)
-	for {
-		if !wait(l.ttl/3 + rand.N(l.ttl/6+1)) {
-			return
-		}
-		ext := l.ttl
-		if !capAt.IsZero() {
-			ext = min(ext, time.Until(capAt))
-			if ext < time.Millisecond {
-				return // at the cap: the lease runs out by itself
-			}
-		}
-		for {
-			err := l.extend(w.ctx, ext)
-			if err == nil {
-				break
-			}
-			if errors.Is(err, herd.ErrLeaseLost) || w.ctx.Err() != nil || time.Until(l.Deadline()) <= 0 {
-				return
-			}
-			if !wait(jitter(retry)) {
-				return
-			}
-		}
-		if ext < l.ttl {
-			return // the capped, final renewal
-		}
-	}
+	leasewatch.Renew(w.ctx, l.lost, l.ttl, capAt, l.Deadline, l.extend)
 }
 
 // stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
