@@ -36,6 +36,14 @@ type Observer struct {
 	// it ran under the key's lease (false: fail-open or fallback).
 	Load func(class string, d time.Duration, err error, leased bool)
 
+	// LoadRetry reports a follower that, its leader's load having failed,
+	// looks again to take the key's lease and load, or to follow whoever
+	// took it ([Options.RetryFailedLoad], or a [NoShare] error): once per
+	// retried flight, in each process whose callers waited (as
+	// Stats.LoadRetries counts). The retry's own load, if this process
+	// runs it, is reported to Load like any other.
+	LoadRetry func(class string)
+
 	// Lease reports lease events: acquired (each lease won), contended
 	// (a call found the lease held and waits, once per wait), taken over
 	// (a waiting follower won a lease its leader released or let lapse),
@@ -236,6 +244,12 @@ func (s *signals) lookup(key string, o Outcome) {
 func (s *signals) load(key string, d time.Duration, err error, leased bool) {
 	if s.obs != nil && s.obs.Load != nil {
 		s.obs.Load(s.class(key), d, err, leased)
+	}
+}
+
+func (s *signals) loadRetry(key string) {
+	if s.obs != nil && s.obs.LoadRetry != nil {
+		s.obs.LoadRetry(s.class(key))
 	}
 }
 

@@ -768,6 +768,7 @@ func (c *Cache) retries(f *flight, kind byte, fence string) bool {
 	}
 	f.retried, f.awaited = fence, ""
 	c.stats.loadRetries.Add(1)
+	c.sig.loadRetry(f.key)
 	return true
 }
 

@@ -21,10 +21,10 @@ var durationBuckets = []float64{
 
 // instruments are herd's metrics on one Meter.
 type instruments struct {
-	lookups, loads, leases, commits, circuitTrans, failOpen, corrupt, refreshes metric.Int64Counter
-	loadDur, waitDur                                                            metric.Float64Histogram
-	circuitOpen                                                                 metric.Int64Gauge
-	classes                                                                     *classes
+	lookups, loads, retries, leases, commits, circuitTrans, failOpen, corrupt, refreshes metric.Int64Counter
+	loadDur, waitDur                                                                     metric.Float64Histogram
+	circuitOpen                                                                          metric.Int64Gauge
+	classes                                                                              *classes
 }
 
 func newInstruments(m metric.Meter, cls *classes) (*instruments, error) {
@@ -43,6 +43,7 @@ func newInstruments(m metric.Meter, cls *classes) (*instruments, error) {
 	}
 	in.lookups = counter("herd.lookups", "{call}", "Calls by how they were served.")
 	in.loads = counter("herd.loads", "{load}", "Loader runs (origin calls) by result; leased=false means fail-open or fallback.")
+	in.retries = counter("herd.load.retries", "{flight}", "Follower flights that retried a failed leader's load with a new leader.")
 	in.loadDur = histogram("herd.load.duration", "Loader run time.")
 	in.leases = counter("herd.lease.events", "{event}", "Lease events.")
 	in.waitDur = histogram("herd.wait.duration", "Follower waits for another process's rebuild, by how they ended.")
@@ -75,6 +76,10 @@ func (in *instruments) load(class string, d time.Duration, err error, leased boo
 	ctx, c := context.Background(), attribute.String("class", in.classes.name(class))
 	in.loads.Add(ctx, 1, metric.WithAttributes(c, attribute.String("result", loadResult(err)), attribute.Bool("leased", leased)))
 	in.loadDur.Record(ctx, d.Seconds(), metric.WithAttributes(c))
+}
+
+func (in *instruments) loadRetry(class string) {
+	in.retries.Add(context.Background(), 1, metric.WithAttributes(attribute.String("class", in.classes.name(class))))
 }
 
 func (in *instruments) lease(class string, ev herd.LeaseEvent) {

@@ -21,6 +21,7 @@
 //	herd.lookups{class,outcome}          how calls were served: hit, stale, early-refresh, negative, leader, follower, fallback, pass
 //	herd.loads{class,result,leased}      loader runs: result ok, not_found, not_shared, error, panic; leased false = fail-open or fallback
 //	herd.load.duration{class}            loader run time, seconds (histogram)
+//	herd.load.retries{class}             followers that retried a failed leader's load (RetryFailedLoad, NoShare)
 //	herd.lease.events{class,event}       acquired, contended, taken_over, lost, extended, extend_failed
 //	herd.wait.duration{class,end}        follower waits by how they ended: notified, polled, takeover, timeout, cancelled (seconds, histogram)
 //	herd.commits{class,result}           stored, fenced (the duplicate-rebuild signal), error
@@ -126,15 +127,16 @@ func NewObserver(opt *Options) (*herd.Observer, error) {
 		return nil, err
 	}
 	obs := &herd.Observer{
-		Lookup:   in.lookup,
-		Load:     in.load,
-		Lease:    in.lease,
-		Wait:     in.wait,
-		Commit:   in.commit,
-		Circuit:  in.circuit,
-		FailOpen: in.failedOpen,
-		Corrupt:  in.corrupted,
-		Refresh:  in.refresh,
+		Lookup:    in.lookup,
+		Load:      in.load,
+		LoadRetry: in.loadRetry,
+		Lease:     in.lease,
+		Wait:      in.wait,
+		Commit:    in.commit,
+		Circuit:   in.circuit,
+		FailOpen:  in.failedOpen,
+		Corrupt:   in.corrupted,
+		Refresh:   in.refresh,
 	}
 	if !o.NoSpans {
 		sp := &spans{tracer: o.TracerProvider.Tracer(scope)}

@@ -369,3 +369,51 @@ func TestNoSpans(t *testing.T) {
 		t.Errorf("NoSpans: Start hooks set or metrics missing")
 	}
 }
+
+// With RetryFailedLoad, the follower of a failed load retries with a new
+// leader: herd.load.retries counts it once, and its own load is a second
+// herd.loads, ok this time.
+func TestLoadRetry(t *testing.T) {
+	srv := redistest.Start(t)
+	r := newRig(t)
+	waiting := contended(r.obs)
+	cs := make([]*herd.Cache, 2)
+	for i := range cs {
+		cs[i] = herd.New(srv.Client(t), &herd.Options{Observer: r.obs, RetryFailedLoad: true,
+			KeyClass: func(string) string { return "user" }})
+		t.Cleanup(func() { cs[i].Close() })
+	}
+	entered, gate := make(chan struct{}), make(chan struct{})
+	errs := make(chan error, 2)
+	go func() {
+		_, err := cs[0].Get(context.Background(), "user:1", time.Minute, func(context.Context) ([]byte, error) {
+			close(entered)
+			<-gate
+			return nil, errors.New("origin reset the connection")
+		})
+		errs <- err
+	}()
+	<-entered
+	go func() {
+		_, err := cs[1].Get(context.Background(), "user:1", time.Minute, func(context.Context) ([]byte, error) {
+			return []byte("v"), nil
+		})
+		errs <- err
+	}()
+	<-waiting
+	close(gate)
+	if err := <-errs; !errors.Is(err, herd.ErrLoadFailed) {
+		t.Errorf("leader: %v, want ErrLoadFailed", err)
+	}
+	if err := <-errs; err != nil {
+		t.Errorf("follower: %v, want the retry's value", err)
+	}
+	if got := r.sum(t, "herd.load.retries", user); got != 1 {
+		t.Errorf("herd.load.retries = %v, want 1", got)
+	}
+	for _, res := range []string{"error", "ok"} {
+		if got := r.sum(t, "herd.loads", user, leased, attribute.String("result", res)); got != 1 {
+			t.Errorf("herd.loads{result=%s} = %v, want 1", res, got)
+		}
+	}
+}

@@ -29,6 +29,7 @@ func registered(t *testing.T) map[string]bool {
 	obs := herdprom.NewObserver(reg, nil)
 	obs.Lookup("c", herd.OutcomeHit)
 	obs.Load("c", time.Millisecond, errors.New("x"), true)
+	obs.LoadRetry("c")
 	obs.Lease("c", herd.LeaseContended)
 	obs.Wait("c", time.Millisecond, herd.WaitNotified)
 	obs.Commit("c", herd.CommitFenced)

@@ -15,6 +15,7 @@
 //	herd_lookups_total{class,outcome}           how calls were served: hit, stale, early-refresh, negative, leader, follower, fallback, pass
 //	herd_loads_total{class,result,leased}       loader runs: result ok, not_found, not_shared, error, panic; leased false = fail-open or fallback
 //	herd_load_duration_seconds{class}           loader run time (histogram)
+//	herd_load_retries_total{class}              followers that retried a failed leader's load (RetryFailedLoad, NoShare)
 //	herd_lease_events_total{class,event}        acquired, contended, taken_over, lost, extended, extend_failed
 //	herd_wait_duration_seconds{class,end}       follower waits by how they ended: notified, polled, takeover, timeout, cancelled (histogram)
 //	herd_commits_total{class,result}            stored, fenced (the duplicate-rebuild signal), error
@@ -105,6 +106,7 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 	}
 	m.lookups = counter("lookups_total", "Calls by how they were served.", "class", "outcome")
 	m.loads = counter("loads_total", "Loader runs (origin calls) by result; leased=false means fail-open or fallback.", "class", "result", "leased")
+	m.retries = counter("load_retries_total", "Follower flights that retried a failed leader's load with a new leader.", "class")
 	m.loadDur = histogram("load_duration_seconds", "Loader run time.", "class")
 	m.leases = counter("lease_events_total", "Lease events.", "class", "event")
 	m.waits = histogram("wait_duration_seconds", "Follower waits for another process's rebuild, by how they ended.", "class", "end")
@@ -114,7 +116,7 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 	m.failOpen = counter("fail_open_total", "Calls served by a local load because Redis was unreachable.", "class")
 	m.corrupt = counter("corrupt_values_total", "Unreadable bytes at a value key, read as a miss.", "class")
 	m.refreshes = counter("refreshes_total", "Background refresh events.", "class", "event")
-	reg.MustRegister(m.lookups, m.loads, m.loadDur, m.leases, m.waits, m.commits,
+	reg.MustRegister(m.lookups, m.loads, m.retries, m.loadDur, m.leases, m.waits, m.commits,
 		m.circuitOpen, m.circuitTrans, m.failOpen, m.corrupt, m.refreshes)
 
 	return &herd.Observer{
@@ -126,6 +128,7 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 			m.loads.WithLabelValues(c, loadResult(err), boolLabel(leased)).Inc()
 			m.loadDur.WithLabelValues(c).Observe(d.Seconds())
 		},
+		LoadRetry: func(class string) { m.retries.WithLabelValues(m.class(class)).Inc() },
 		Lease: func(class string, ev herd.LeaseEvent) {
 			m.leases.WithLabelValues(m.class(class), ev.String()).Inc()
 		},
@@ -153,9 +156,9 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 }
 
 type metrics struct {
-	lookups, loads, leases, commits, circuitTrans, failOpen, corrupt, refreshes *prom.CounterVec
-	loadDur, waits                                                              *prom.HistogramVec
-	circuitOpen                                                                 prom.Gauge
+	lookups, loads, retries, leases, commits, circuitTrans, failOpen, corrupt, refreshes *prom.CounterVec
+	loadDur, waits                                                                       *prom.HistogramVec
+	circuitOpen                                                                          prom.Gauge
 
 	mu         sync.Mutex
 	classes    map[string]struct{}

@@ -2,6 +2,8 @@ package prometheus_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"testing"
@@ -253,5 +255,61 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("timed out waiting for a metric")
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// A leader's load fails and its follower in another instance, with
+// RetryFailedLoad, retries with a new leader: herd_load_retries_total
+// counts that one retry, on the follower's instance only, and the loads
+// are one error and one ok.
+func TestLoadRetry(t *testing.T) {
+	srv := redistest.Start(t)
+	reg := prom.NewRegistry()
+	cs := instances(t, reg, 2, func() *redis.Client { return srv.Client(t) }, herd.Options{RetryFailedLoad: true})
+	entered, gate := make(chan struct{}), make(chan struct{})
+	ctx := context.Background()
+	errs := make(chan error, 2)
+	go func() {
+		_, err := cs[0].Get(ctx, "item:1", time.Minute, func(context.Context) ([]byte, error) {
+			close(entered)
+			<-gate
+			return nil, errors.New("origin reset the connection")
+		})
+		errs <- err
+	}()
+	<-entered
+	go func() {
+		v, err := cs[1].Get(ctx, "item:1", time.Minute, func(context.Context) ([]byte, error) { return []byte("v"), nil })
+		if err == nil && string(v) != "v" {
+			err = fmt.Errorf("value %q", v)
+		}
+		errs <- err
+	}()
+	waitFor(t, func() bool {
+		return sum(t, reg, "herd_lease_events_total", map[string]string{"event": "contended", "instance": "1"}) == 1
+	})
+	close(gate)
+	if err := <-errs; !errors.Is(err, herd.ErrLoadFailed) {
+		t.Errorf("leader: %v, want ErrLoadFailed", err)
+	}
+	if err := <-errs; err != nil {
+		t.Errorf("follower: %v, want the retry's value", err)
+	}
+	for _, c := range []struct {
+		labels map[string]string
+		want   float64
+	}{
+		{map[string]string{"instance": "1", "class": "item"}, 1},
+		{map[string]string{"instance": "0"}, 0},
+	} {
+		if got := sum(t, reg, "herd_load_retries_total", c.labels); got != c.want {
+			t.Errorf("herd_load_retries_total%v = %v, want %v", c.labels, got, c.want)
+		}
+	}
+	if got := sum(t, reg, "herd_loads_total", map[string]string{"result": "error"}); got != 1 {
+		t.Errorf("herd_loads_total{result=error} = %v, want 1", got)
+	}
+	if got := sum(t, reg, "herd_loads_total", map[string]string{"result": "ok", "instance": "1"}); got != 1 {
+		t.Errorf("herd_loads_total{result=ok,instance=1} = %v, want 1", got)
 	}
 }
