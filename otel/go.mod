@@ -3,7 +3,7 @@ module github.com/herdkit/herd/otel
 go 1.26.0
 
 require (
-	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd v0.1.0
 	go.opentelemetry.io/otel v1.47.0
 	go.opentelemetry.io/otel/metric v1.47.0
 	go.opentelemetry.io/otel/sdk v1.47.0

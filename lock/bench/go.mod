@@ -4,11 +4,11 @@ go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
-	github.com/herdkit/herd/lock/etcd v0.0.0-00010101000000-000000000000
-	github.com/herdkit/herd/lock/mysql v0.0.0-00010101000000-000000000000
-	github.com/herdkit/herd/lock/postgres v0.0.0-00010101000000-000000000000
-	github.com/herdkit/herd/lock/zookeeper v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd v0.1.0
+	github.com/herdkit/herd/lock/etcd v0.1.0
+	github.com/herdkit/herd/lock/mysql v0.1.0
+	github.com/herdkit/herd/lock/postgres v0.1.0
+	github.com/herdkit/herd/lock/zookeeper v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.7.3

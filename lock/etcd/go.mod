@@ -3,8 +3,8 @@ module github.com/herdkit/herd/lock/etcd
 go 1.26.0
 
 require (
-	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
-	github.com/herdkit/herd/lock/postgres v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd v0.1.0
+	github.com/herdkit/herd/lock/postgres v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3

@@ -4,7 +4,7 @@ go 1.26.0
 
 require (
 	github.com/go-sql-driver/mysql v1.10.1
-	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd v0.1.0
 	go.uber.org/goleak v1.3.0
 )
 

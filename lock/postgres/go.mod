@@ -3,7 +3,7 @@ module github.com/herdkit/herd/lock/postgres
 go 1.26.0
 
 require (
-	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	go.uber.org/goleak v1.3.0
 )

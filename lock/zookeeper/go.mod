@@ -4,8 +4,8 @@ go 1.26.0
 
 require (
 	github.com/go-zookeeper/zk v1.0.4
-	github.com/herdkit/herd v0.0.0-00010101000000-000000000000
-	github.com/herdkit/herd/lock/postgres v0.0.0-00010101000000-000000000000
+	github.com/herdkit/herd v0.1.0
+	github.com/herdkit/herd/lock/postgres v0.1.0
 	github.com/jackc/pgx/v5 v5.13.0
 	go.uber.org/goleak v1.3.0
 )
