@@ -203,6 +203,36 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	return true, nil
 }
 
+// Completed reports what the record says, with one read and no lock:
+// done is true when the current period (by Now), or a later one, is
+// recorded complete, by any instance; last is the start of the last
+// period recorded complete (the zero Time when none is). Run's (false,
+// nil) means either that the period is done or that another instance
+// holds the lock and may be running it now; Completed tells the two
+// apart. It returns [ErrInvalidJob] for an empty Name, a Period of zero
+// or less or a nil Done, and the store's error (wrapped) or an error for
+// a record that is not one of a Job's.
+func (j *Job) Completed(ctx context.Context) (done bool, last time.Time, err error) {
+	switch {
+	case j.Name == "":
+		return false, time.Time{}, fmt.Errorf("%w: %w: empty name", ErrInvalidJob, ErrInvalidKey)
+	case j.Period <= 0:
+		return false, time.Time{}, fmt.Errorf("%w %q: period %v (must be positive)", ErrInvalidJob, j.Name, j.Period)
+	case j.Done == nil:
+		return false, time.Time{}, fmt.Errorf("%w %q: nil Done", ErrInvalidJob, j.Name)
+	}
+	now := time.Now
+	if j.Now != nil {
+		now = j.Now
+	}
+	val, done, err := j.record(ctx, j.Name+":done", now().Truncate(j.Period))
+	if err != nil || len(val) == 0 {
+		return false, time.Time{}, err
+	}
+	ns, _ := strconv.ParseInt(string(val), 10, 64) // record parsed it
+	return done, time.Unix(0, ns).UTC(), nil
+}
+
 // check validates the job and fn.
 func (j *Job) check(fn JobFunc) error {
 	switch {

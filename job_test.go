@@ -321,3 +321,62 @@ func TestOnce(t *testing.T) {
 		t.Errorf("%d runs in 3 calls within a day, want 1", got)
 	}
 }
+
+// TestJobCompleted: Completed tells "done this period" from "not done"
+// (Run's (false, nil) is both "done" and "held elsewhere"), reads the last
+// period recorded, sees a later period as done (a clock behind), and
+// rejects a bad Job.
+func TestJobCompleted(t *testing.T) {
+	r := newJobRig(t)
+	j := r.job(t)
+	ctx := context.Background()
+	check := func(step string, wantDone bool, wantLast time.Time) {
+		t.Helper()
+		done, last, err := j.Completed(ctx)
+		if err != nil || done != wantDone || !last.Equal(wantLast) {
+			t.Errorf("%s: Completed = %v, %v, %v; want %v, %v, nil", step, done, last, err, wantDone, wantLast)
+		}
+	}
+	three := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+	check("no record", false, time.Time{})
+
+	// Held by another instance: Run says (false, nil), Completed says not done.
+	lease, err := r.locks.TryAcquire(ctx, j.Name, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	if ran, err := j.Run(ctx, counting(&runs, nil)); ran || err != nil {
+		t.Fatalf("Run while held: %v, %v; want false, nil", ran, err)
+	}
+	check("held, not run", false, time.Time{})
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	r.set(three.Add(10 * time.Minute))
+	if ran, err := j.Run(ctx, counting(&runs, nil)); !ran || err != nil {
+		t.Fatalf("Run: %v, %v; want true, nil", ran, err)
+	}
+	check("after the run", true, three)
+	r.set(three.Add(-time.Minute)) // a clock behind: a later period is recorded
+	check("clock behind", true, three)
+	r.set(three.Add(time.Hour)) // the next period
+	check("next period", false, three)
+
+	for _, bad := range []*Job{
+		{Period: time.Hour, Done: r.done},
+		{Name: "x", Done: r.done},
+		{Name: "x", Period: time.Hour},
+	} {
+		if _, _, err := bad.Completed(ctx); !errors.Is(err, ErrInvalidJob) {
+			t.Errorf("Completed of %+v: %v, want ErrInvalidJob", bad, err)
+		}
+	}
+	if err := r.done.Set(ctx, j.Name+":done", 1<<62, []byte("not a time"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := j.Completed(ctx); err == nil {
+		t.Error("Completed of a foreign record: nil error")
+	}
+}
