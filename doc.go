@@ -339,11 +339,18 @@
 // A key's names share one hash tag, so every script runs on one slot.
 // Wake-ups use sharded pub/sub (SSUBSCRIBE, SPUBLISH) on Redis 7+, with
 // one pub/sub connection per master, so a message reaches only the node
-// that owns the key; on older servers plain pub/sub is used. A master that
-// fails over loses its leases: at worst one extra rebuild per key, and the
-// fence (seeded from the server clock) keeps a stale write out. A slot
-// that migrates takes its channels' subscriptions with it: waiters on its
-// keys poll until they next subscribe.
+// that owns the key; on older servers plain pub/sub is used. Each Cache
+// and Locker decides once, when it first publishes or waits, by asking
+// one node whether it knows SPUBLISH (COMMAND INFO). A cluster whose
+// masters run different versions (a rolling upgrade from 6.2 to 7) is
+// therefore not supported: a process that asked a 7 node publishes with
+// SPUBLISH, which fails its scripts on a 6.2 master, and processes that
+// chose differently do not hear each other's wake-ups (their waiters
+// fall back to polling). Restart every process once all masters run 7. A master that fails over loses its leases: at worst one
+// extra rebuild per key, and the fence (seeded from the server clock)
+// keeps a stale write out. A slot that migrates takes its channels'
+// subscriptions with it: waiters on its keys poll until they next
+// subscribe.
 //
 // # Redis Ring
 //
@@ -368,6 +375,17 @@
 // so herd's writes fail with READONLY and the Cache treats Redis as
 // unavailable: do not use one. [FencedStore.Get] is a plain read and
 // follows the client's routing.
+//
+// # Redis versions
+//
+// herd sends only commands of Redis 6.2 and earlier, and scripts that
+// need no 7.0 feature, except sharded pub/sub, which it uses only where
+// the cluster reports it (see Redis Cluster). Its scripts read TIME
+// before they write, which needs the replication of script effects: the
+// default since Redis 5 and the only mode since 7.0; a 6.2 server set to
+// lua-replicate-commands no refuses those scripts. herd's tests run on
+// redis-server 7.0, and on 7.0 with every command 7.0 added removed
+// (rename-command), as an approximation of 6.2; 6.2 itself is not tested.
 //
 // # When not to use herd
 //

@@ -44,9 +44,11 @@ const (
 //   - a single server, a failover client, or a cluster without sharded
 //     pub/sub: one connection, with plain SUBSCRIBE (PUBLISH in the
 //     scripts);
-//   - a Redis Cluster of version 7 or later: one connection per master,
-//     with sharded pub/sub (SSUBSCRIBE, SPUBLISH), so a message travels
-//     only to the master that owns the key's slot;
+//   - a Redis Cluster of version 7 or later (one node answers COMMAND
+//     INFO SPUBLISH; 6.2 answers nil and takes the case above): one
+//     connection per master, with sharded pub/sub (SSUBSCRIBE,
+//     SPUBLISH), so a message travels only to the master that owns the
+//     key's slot;
 //   - a *redis.Ring: one connection per shard, with plain SUBSCRIBE. The
 //     channel carries the key's hash tag, so the Ring sends the scripts
 //     and the subscription to the same shard, and the scripts' PUBLISH

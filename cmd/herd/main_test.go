@@ -14,7 +14,17 @@ import (
 // TestInspectAndStats runs the command against a real redis-server after
 // herd wrote a value, left a rebuild's lease and a negative entry.
 func TestInspectAndStats(t *testing.T) {
-	srv := redistest.Start(t)
+	testInspectAndStats(t, redistest.Start(t))
+}
+
+// The same on a server without the commands Redis 7.0 added: the
+// command needs none of them (Redis 6.2).
+func TestInspectAndStatsWithout70Commands(t *testing.T) {
+	testInspectAndStats(t, redistest.Start(t, redistest.Without70Commands()...))
+}
+
+func testInspectAndStats(t *testing.T, srv *redistest.Server) {
+	t.Helper()
 	rdb := srv.Client(t)
 	c := herd.New(rdb, nil)
 	defer c.Close()

@@ -43,13 +43,16 @@ type Cluster struct {
 // map. Like servers started with [Start], the nodes keep no data on disk and
 // are stopped when the test finishes.
 //
+// options are more redis-server command-line options for every node, as
+// for [Start].
+//
 // StartCluster skips or fails the test as described for [Require] when
 // redis-server or redis-cli is missing. It fails the test if masters is less
 // than 3, the minimum redis-cli accepts, or if the cluster is not ready
 // within 20 seconds.
-func StartCluster(t testing.TB, masters int) *Cluster {
+func StartCluster(t testing.TB, masters int, options ...string) *Cluster {
 	t.Helper()
-	return startCluster(t, masters, 0)
+	return startCluster(t, masters, 0, options)
 }
 
 // StartClusterReplicas is [StartCluster] with replicas replicas per
@@ -63,10 +66,10 @@ func StartClusterReplicas(t testing.TB, masters, replicas int) *Cluster {
 	if replicas < 0 {
 		t.Fatalf("redistest: StartClusterReplicas with %d replicas", replicas)
 	}
-	return startCluster(t, masters, replicas)
+	return startCluster(t, masters, replicas, nil)
 }
 
-func startCluster(t testing.TB, masters, replicas int) *Cluster {
+func startCluster(t testing.TB, masters, replicas int, options []string) *Cluster {
 	t.Helper()
 	bins := requireBinaries(t, "redis-server", "redis-cli")
 	if masters < 3 {
@@ -81,6 +84,7 @@ func startCluster(t testing.TB, masters, replicas int) *Cluster {
 			// moved: ping replicas every second instead of every ten.
 			opts = append(opts, "--repl-ping-replica-period", "1")
 		}
+		opts = append(opts, options...)
 		s := newServer(bins[0], dir, opts)
 		if err := s.start(freeClusterPort); err != nil {
 			t.Fatalf("redistest: cluster node: %v", err)

@@ -75,13 +75,19 @@ func requireBinaries(t testing.TB, names ...string) []string {
 // and no append-only file) and uses its own temporary directory, which holds
 // its log. It is stopped when the test and its subtests finish.
 //
+// options are more redis-server command-line options, each word its own
+// string, appended after redistest's own (so they override them): for
+// example "--rename-command", "SPUBLISH", "" removes SPUBLISH, and
+// [Without70Commands] removes every command Redis 7.0 added. They apply
+// to every process of the server, restarts included.
+//
 // Start skips or fails the test as described for [Require] when
 // redis-server is missing, and fails it when the server does not come up
 // within 10 seconds, reporting the tail of the server's log.
-func Start(t testing.TB) *Server {
+func Start(t testing.TB, options ...string) *Server {
 	t.Helper()
 	bin := requireBinaries(t, "redis-server")[0]
-	s := newServer(bin, t.TempDir(), nil)
+	s := newServer(bin, t.TempDir(), options)
 	if err := s.start(freePort); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
