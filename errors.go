@@ -45,7 +45,8 @@ var (
 	// wrapped) to say the source has no value for the key: the Cache then
 	// stores a negative entry for [Options.NegativeTTL], and Get, Fetch and
 	// every waiter return ErrNotFound without calling the source again
-	// until it expires. [FencedStore.Get] returns it for an absent record.
+	// until it expires; one marked [NoShare] is this process's only.
+	// [FencedStore.Get] returns it for an absent record.
 	ErrNotFound = errors.New("herd: not found")
 
 	// ErrNilLoader is returned, at once, by [Cache.Get] and [Fetch] when
@@ -62,7 +63,9 @@ var (
 
 	// ErrValueTooLarge is returned by [Cache.Set], and by Get when the
 	// loader returns a value, above [Options.MaxValueBytes]. Such a value
-	// is never stored.
+	// is never stored. A loader's is a failed load: every caller of that
+	// rebuild, in every process, gets a [*LoadError] that unwraps to
+	// ErrValueTooLarge.
 	ErrValueTooLarge = errors.New("herd: value too large")
 
 	// ErrNotShared is what [Fill.Abort] is given when the value the caller
@@ -136,21 +139,24 @@ var (
 )
 
 // LoadError is the error every caller of a rebuild gets when its loader
-// failed (returned an error, panicked, or ran past [Options.LoadTimeout]),
-// in the leader's process and in every other: Get, [Fetch], GetMany's
-// per-key errors in a [*ManyError], [Cache.Begin] (when a [Fill] was
-// aborted), and followers that learnt of the failure from the failure
-// marker because they missed the wake-up message. Find it with
-// errors.As; errors.Is(err, [ErrLoadFailed]) holds for it.
+// failed (returned an error, panicked, returned a value above
+// [Options.MaxValueBytes], or ran past [Options.LoadTimeout]), in the
+// leader's process and in every other: Get, [Fetch], GetMany's per-key
+// errors in a [*ManyError], [Cache.Begin] (when a [Fill] was aborted),
+// loads without a lease (Redis unreachable), and followers that learnt
+// of the failure from the failure marker because they missed the wake-up
+// message. Find it with errors.As; errors.Is(err, [ErrLoadFailed]) holds
+// for it.
 //
 // In the process that ran the loader, Err is the loader's error and
 // LoadError unwraps to it, so errors.Is(err, errDB) holds there. In the
 // other processes the loader's error is not there to compare with:
 // Remote is set, Msg is its text as the leader reported it (cut to
-// 1 KiB), and Err is nil, except for a panic, which is a [*PanicError]
-// with Remote set everywhere. The same text reaches a waiting caller of
-// another flight of the same process (a Get waiting on a Begin's Fill),
-// through Redis, with Remote set.
+// 1 KiB, at a character boundary), and Err is nil, except for a panic,
+// which is a [*PanicError] with Remote set everywhere, and a value too
+// large, which is [ErrValueTooLarge] everywhere. The same text reaches a
+// waiting caller of another flight of the same process (a Get waiting on
+// a Begin's Fill), through Redis, with Remote set.
 //
 // A loader that returns [NoShare](err) keeps err in its own process: the
 // callers there get it; the callers elsewhere do not (see NoShare).
@@ -158,7 +164,7 @@ type LoadError struct {
 	Key    string // the key whose load failed
 	Msg    string // the cause's text, without the key
 	Remote bool   // the loader ran in another process (or another flight)
-	Err    error  // the loader's error; nil when Remote, but for a panic
+	Err    error  // the loader's error; nil when Remote, but for a panic or a value too large
 }
 
 // Error says the key and the cause once:
@@ -177,18 +183,23 @@ func (e *LoadError) Error() string {
 func (e *LoadError) Is(target error) bool { return target == ErrLoadFailed }
 
 // Unwrap returns the loader's error (nil in another process, but for a
-// panic's [*PanicError]).
+// panic's [*PanicError] and [ErrValueTooLarge]).
 func (e *LoadError) Unwrap() error { return e.Err }
 
 // notSharedText is the cause a follower reports when the failed loader's
 // error was marked with [NoShare] and the follower's retry failed too.
 const notSharedText = "the rebuilding process did not share its error (herd.NoShare)"
 
-// NoShare marks err, returned by a [LoadFunc] (or given to [Fill.Abort]),
-// as an error for this process only: one that says nothing about the
-// source as the other processes see it (a local resource ran out, this
-// instance's credentials were refused). The callers of that rebuild in
-// this process get it as usual, in a [*LoadError] that unwraps to err.
+// NoShare marks err, returned by a [LoadFunc] or a [ManyLoadFunc] (or
+// given to [Fill.Abort]), as an error for this process only: one that
+// says nothing about the source as the other processes see it (a local
+// resource ran out, this instance's credentials were refused, this
+// instance's replica lags). A ManyLoadFunc may mark the error of the
+// whole call, one key's error in a [*ManyError], or the *ManyError
+// itself, which marks every key's error in it. The callers of that
+// rebuild in this process get it as usual, in a [*LoadError] that
+// unwraps to err; NoShare([ErrNotFound]) is such an error too (errors.Is
+// ErrNotFound holds there), and stores no negative entry.
 // The callers waiting on the rebuild in other processes do not get it:
 // they retry once with a new leader (one of them, cluster-wide, takes the
 // lease and loads; the others wait for it), as [Options.RetryFailedLoad]

@@ -458,10 +458,7 @@ func (fl *Fill) Pass(cause error, ttl time.Duration) error {
 		c := fl.c
 		fl.countLoad(cause)
 		fl.lease.finish()
-		why := cause.Error()
-		if len(why) > maxFailText {
-			why = why[:maxFailText]
-		}
+		why := cutText(cause.Error())
 		// No Δ: a response that is not shared says nothing of how long a
 		// rebuild of the key takes.
 		env := c.newEnvelope(fl.lease.token, []byte(why), ttl, 0, 0)

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 func init() {
@@ -29,10 +30,17 @@ func init() {
 var loadErrWaves = []struct {
 	name  string
 	retry bool // Options.RetryFailedLoad
+	// many: the callers call GetMany, whose loader fails the key with
+	// NoShare(&ManyError{the key: the loader's error})
+	many bool
 	// the first loader call fails with first; later calls return value,
 	// or fail with later when it is set
 	first, later func() error
 	value        string
+	// the text of the loader's error and an error it wraps, when not
+	// loadErrCause and errDB
+	cause string
+	is    error
 }{
 	{name: "error", first: func() error { return fmt.Errorf("query users: %w", errDB) }},
 	{name: "noshare", first: func() error { return NoShare(fmt.Errorf("query users: %w", errDB)) },
@@ -40,7 +48,13 @@ var loadErrWaves = []struct {
 	{name: "retry-once", retry: true, first: func() error { return fmt.Errorf("query users: %w", errDB) }, value: "v2"},
 	{name: "retry-dead", retry: true, first: func() error { return fmt.Errorf("query users: %w", errDB) },
 		later: func() error { return fmt.Errorf("query users: %w", errDB) }},
+	{name: "noshare-many", many: true, first: func() error { return fmt.Errorf("query users: %w", errDB) }, value: "v2"},
+	{name: "noshare-notfound", first: func() error { return NoShare(fmt.Errorf("replica lags: %w", ErrNotFound)) },
+		value: "v2", cause: "replica lags: herd: not found", is: ErrNotFound},
 }
+
+// loadErrCause is the text of the loader's error, unless a wave says.
+const loadErrCause = "query users: db: connection reset"
 
 // TestLoadErrorAcrossProcesses: 3 processes × 10 goroutines, one wave per
 // case. What each caller got is checked in its own process (the worker
@@ -56,14 +70,32 @@ var loadErrWaves = []struct {
 //   - retry-once (RetryFailedLoad): one bad load, then the retry's value:
 //     the followers of the other two processes are served by the retry;
 //   - retry-dead (RetryFailedLoad): the source keeps failing: 2 calls in
-//     the wave, and every caller gets a *LoadError.
+//     the wave, and every caller gets a *LoadError;
+//   - noshare-many: GetMany, whose loader marks its *ManyError NoShare:
+//     that marks the key's error, so the other processes retry and get
+//     the retry's value (on main the key's error reached them);
+//   - noshare-notfound: the loader's ErrNotFound is marked NoShare: its
+//     own callers get it in a *LoadError, no negative entry is stored,
+//     and the other processes retry and get the retry's value (on main
+//     every caller got ErrNotFound, cached for NegativeTTL).
+//
+// Each runs on one server and on a 3-master Cluster (sharded pub/sub).
 func TestLoadErrorAcrossProcesses(t *testing.T) {
+	t.Run("redis", func(t *testing.T) {
+		srv := redistest.Start(t)
+		loadErrAcrossProcesses(t, "redis", []string{srv.Addr()}, srv.Client(t))
+	})
+	t.Run("cluster", func(t *testing.T) {
+		cl := redistest.StartCluster(t, 3)
+		loadErrAcrossProcesses(t, "cluster", cl.Addrs(), cl.Client(t))
+	})
+}
+
+func loadErrAcrossProcesses(t *testing.T, mode string, addrs []string, rdb redis.UniversalClient) {
 	const procs, g = 3, 10
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
 	ctx := context.Background()
 	prefix := cpNewPrefix()
-	p := startWorkers(t, procs, "loaderr", cpEnvFor("redis", []string{srv.Addr()}, prefix, "", procs, g, len(loadErrWaves))...)
+	p := startWorkers(t, procs, "loaderr", cpEnvFor(mode, addrs, prefix, "", procs, g, len(loadErrWaves))...)
 	p.wait(90 * time.Second)
 	if t.Failed() {
 		t.FailNow()
@@ -73,6 +105,10 @@ func TestLoadErrorAcrossProcesses(t *testing.T) {
 		"noshare":    {2, 2 * g, g, 0},
 		"retry-once": {2, g, 0, 2 * g},
 		"retry-dead": {2, 2 * g, g, 0},
+		// Both fail on main: the ManyError's key error was shared (1
+		// load, 2g remote errors), NoShare(ErrNotFound) a negative entry.
+		"noshare-many":     {2, g, 0, 2 * g},
+		"noshare-notfound": {2, g, 0, 2 * g},
 	}
 	for _, wv := range loadErrWaves {
 		count := func(what string) int {
@@ -113,6 +149,10 @@ func loadErrWorker(ctx context.Context, _ string) error {
 		}
 		name := wv.name
 		key := w.key("user", name)
+		cause, is := loadErrCause, error(errDB)
+		if wv.cause != "" {
+			cause, is = wv.cause, wv.is
+		}
 		var ranHere atomic.Bool // a loader of this wave ran in this process
 		load := func(ctx context.Context) ([]byte, error) {
 			n, err := w.rdb.Incr(ctx, w.key(name, "loads")).Result()
@@ -146,8 +186,22 @@ func loadErrWorker(ctx context.Context, _ string) error {
 			}
 			gctx, cancel := context.WithTimeout(ctx, cpGetTimeout)
 			defer cancel()
-			v, err := c.Get(gctx, key, cpValueTTL, load)
-			if what, bad := loadErrVerdict(key, v, err, ranHere.Load(), wv.value); bad != "" {
+			var v []byte
+			var err error
+			if wv.many {
+				var vals map[string][]byte
+				vals, err = c.GetMany(gctx, []string{key}, cpValueTTL, func(ctx context.Context, keys []string) (map[string][]byte, error) {
+					v, err := load(ctx)
+					if err != nil {
+						return nil, NoShare(&ManyError{Errs: map[string]error{key: err}})
+					}
+					return map[string][]byte{key: v}, nil
+				})
+				v = vals[key]
+			} else {
+				v, err = c.Get(gctx, key, cpValueTTL, load)
+			}
+			if what, bad := loadErrVerdict(key, v, err, ranHere.Load(), wv.value, cause, is); bad != "" {
 				w.fail("wave %s goroutine %d: %s", name, i, bad)
 			} else {
 				if what == "remote" {
@@ -168,7 +222,8 @@ func loadErrWorker(ctx context.Context, _ string) error {
 
 // loadErrVerdict classifies what a caller got: "value", "local" (the
 // loader ran in this process) or "remote"; bad says what is wrong with it.
-func loadErrVerdict(key string, v []byte, err error, ranHere bool, value string) (what, bad string) {
+// The loader's error says cause and wraps is.
+func loadErrVerdict(key string, v []byte, err error, ranHere bool, value, cause string, is error) (what, bad string) {
 	if err == nil {
 		if value == "" || string(v) != value {
 			return "", fmt.Sprintf("Get = %q, nil; want an error or %q", v, value)
@@ -183,14 +238,13 @@ func loadErrVerdict(key string, v []byte, err error, ranHere bool, value string)
 	if le.Key != key || strings.Count(msg, "load failed") != 1 || !strings.Contains(msg, strconv.Quote(key)) {
 		return "", fmt.Sprintf("%q: want the key %q and \"load failed\" once", msg, key)
 	}
-	const cause = "query users: db: connection reset"
 	switch {
 	case ranHere:
-		if le.Remote || !errors.Is(err, errDB) || le.Msg != cause || strings.Count(msg, cause) != 1 {
-			return "", fmt.Sprintf("%q (Remote %v): the loader ran here: want Remote false, errors.Is errDB, the cause once", msg, le.Remote)
+		if le.Remote || !errors.Is(err, is) || le.Msg != cause || strings.Count(msg, cause) != 1 {
+			return "", fmt.Sprintf("%q (Remote %v): the loader ran here: want Remote false, errors.Is %v, the cause once", msg, le.Remote, is)
 		}
 		return "local", ""
-	case le.Remote && le.Err == nil && !errors.Is(err, errDB) && (le.Msg == cause || le.Msg == notSharedText):
+	case le.Remote && le.Err == nil && !errors.Is(err, is) && (le.Msg == cause || le.Msg == notSharedText):
 		if le.Msg == notSharedText && strings.Contains(msg, "db:") {
 			return "", fmt.Sprintf("%q: an unshared error's text reached another process", msg)
 		}

@@ -326,10 +326,12 @@ func (load ManyLoadFunc) one(key string) LoadFunc {
 
 // pick returns key's answer in what a ManyLoadFunc returned. A nil
 // *ManyError (a typed nil in a non-nil error, as a loader that returns
-// its *ManyError variable unset gives) fails no key. A panic in the
-// error's own methods (errors.As calls its As and Unwrap) is that key's
-// error, a *PanicError, as the loader's own panic would be: its lease is
-// released with it like any failed key's.
+// its *ManyError variable unset gives) fails no key. A *ManyError marked
+// with NoShare marks each key's error with it. A panic in the error's
+// own methods (errors.As calls its As and Unwrap; the key's error's
+// Error is called here) is that key's error, a *PanicError, as the
+// loader's own panic would be: its lease is released with it like any
+// failed key's.
 func pick(vals map[string][]byte, err error, key string) (val []byte, kerr error) {
 	if err != nil {
 		defer func() {
@@ -342,7 +344,12 @@ func pick(vals map[string][]byte, err error, key string) (val []byte, kerr error
 			return nil, err
 		}
 		if me != nil && me.Errs[key] != nil {
-			return nil, me.Errs[key]
+			kerr = me.Errs[key]
+			_ = kerr.Error() // as runLoaderOf does for a LoadFunc's error
+			if isNoShare(err) && !isNoShare(kerr) {
+				kerr = NoShare(kerr)
+			}
+			return nil, kerr
 		}
 	}
 	if v, ok := vals[key]; ok {

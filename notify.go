@@ -27,6 +27,7 @@ const (
 	failNotFound  = 'n' // the loader returned ErrNotFound and negatives are not cached
 	failNotShared = 'u' // the value is not for sharing (Fill.Abort with ErrNotShared)
 	failNoShare   = 'l' // the loader's error is not for sharing (NoShare): retry
+	failTooLarge  = 't' // the loader's value was above MaxValueBytes (an earlier version reads it as 'e')
 )
 
 // Health check of an idle pub/sub connection: after pingIdle without any

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 )
 
 // The two-tier flight. Get puts the callers of a key in one process into
@@ -412,7 +413,9 @@ func (c *Cache) settle(f *flight, lease *Lease, refresh bool, ld loaded) ([]byte
 	}
 	c.observeLoad(f, lease.token, delta, err)
 
-	notFound := errors.Is(err, ErrNotFound)
+	// A not-found marked NoShare is this process's own: no negative
+	// entry, and the other processes' callers retry, as for any NoShare.
+	notFound := errors.Is(err, ErrNotFound) && !isNoShare(err)
 	switch {
 	case err == nil:
 		ttl, staleFor := exp.get()
@@ -784,6 +787,8 @@ func loadFailure(key string, cause error) (err *LoadError, kind byte, text strin
 		return err, failNoShare, notSharedText
 	case errors.As(cause, &pe):
 		return err, failPanic, fmt.Sprint(pe.Value)
+	case errors.Is(cause, ErrValueTooLarge):
+		return err, failTooLarge, err.Msg
 	}
 	return err, failError, err.Msg
 }
@@ -804,6 +809,8 @@ func remoteLoadError(key string, kind byte, text string) *LoadError {
 		e.Msg, e.Err = "herd: loader panicked: "+text, pe
 	case failNoShare:
 		e.Msg = notSharedText
+	case failTooLarge:
+		e.Err = ErrValueTooLarge
 	}
 	return e
 }
@@ -940,7 +947,8 @@ func (c *Cache) localStart(f *flight, start time.Time) {
 func (c *Cache) localResult(f *flight, val []byte, err error) ([]byte, error) {
 	switch {
 	case err == nil && len(val) > c.cfg.MaxValueBytes:
-		return nil, fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes)
+		// A failed load, as a leader's (see settle).
+		return nil, newLoadError(f.key, fmt.Errorf("%w: the loader returned %d bytes, limit %d", ErrValueTooLarge, len(val), c.cfg.MaxValueBytes))
 	case errors.Is(err, ErrNotFound):
 		return nil, ErrNotFound
 	case err != nil:
@@ -1003,6 +1011,13 @@ func runLoaderOf[T any](c *Cache, values context.Context, load func(context.Cont
 			done <- o
 		}()
 		o.val, o.err = load(ctx)
+		if o.err != nil {
+			// An error whose Error method panics (a nil field of a custom
+			// type) is the loader's panic here, where it is recovered,
+			// rather than in the leader's settle, which would then leave
+			// the lease to run out instead of releasing it.
+			_ = o.err.Error()
+		}
 		normal = true
 	}()
 	var zero T
@@ -1099,10 +1114,21 @@ func (c *Cache) redisAnswered() {
 // failed lease's fence (so followers of another leader ignore it) and the
 // error text.
 func failMessage(kind byte, lease *Lease, text string) string {
-	if len(text) > maxFailText {
-		text = text[:maxFailText]
+	return string([]byte{msgFailed, kind}) + strconv.FormatUint(lease.token, 10) + "|" + cutText(text)
+}
+
+// cutText cuts text to at most maxFailText bytes, not inside a UTF-8
+// sequence: a follower's LoadError carries valid text (which a JSON log
+// line or a gRPC status needs) whenever the leader's was.
+func cutText(text string) string {
+	if len(text) <= maxFailText {
+		return text
 	}
-	return string([]byte{msgFailed, kind}) + strconv.FormatUint(lease.token, 10) + "|" + text
+	cut := maxFailText
+	for cut > maxFailText-utf8.UTFMax && !utf8.RuneStart(text[cut]) {
+		cut--
+	}
+	return text[:cut]
 }
 
 // parseFailMessage splits a failure message into its parts.
