@@ -3,6 +3,8 @@ package herd
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -119,12 +121,17 @@ func testFillAbort(t *testing.T, b backend, want error) {
 	start := time.Now()
 	cause := errors.New("the handler failed")
 	if want == ErrNotShared {
-		cause = ErrNotShared
+		cause = fmt.Errorf("%w: the response sets a cookie", ErrNotShared)
 	}
 	fill.Abort(cause)
 	for name, ch := range map[string]chan error{"local": local, "remote": remote} {
-		if err := <-ch; !errors.Is(err, want) {
+		err := <-ch
+		if !errors.Is(err, want) {
 			t.Errorf("%s waiter: got %v, want %v", name, err, want)
+		}
+		// The cause said once, with its detail.
+		if err != want && (strings.Count(err.Error(), ErrNotShared.Error()) > 1 || want == ErrNotShared && !strings.Contains(err.Error(), "sets a cookie")) {
+			t.Errorf("%s waiter: %q, want %q once and the cause's detail", name, err, ErrNotShared)
 		}
 	}
 	if d := time.Since(start); d > time.Second {

@@ -406,3 +406,26 @@ func TestNoShareInProcess(t *testing.T) {
 		t.Errorf("LoadRetries b+c = %d, want 1 or 2 (each follower flight retries at most once)", s)
 	}
 }
+
+// A batch's error names each failed key once: the *LoadError of a key is
+// listed without its own "herd: load failed: <key>" prefix, a remote one
+// says where it failed, and any other error is listed as it is.
+func TestManyErrorSaysKeyOnce(t *testing.T) {
+	e := &ManyError{Errs: map[string]error{
+		"a": &LoadError{Key: "a", Msg: "db: connection reset", Err: errDB},
+		"b": &LoadError{Key: "b", Msg: "db: connection reset", Remote: true},
+		"c": errors.New("row c broken"),
+	}}
+	want := `herd: 3 keys failed: "a": load failed: db: connection reset; "b": load failed in another process: db: connection reset; "c": row c broken`
+	if got := e.Error(); got != want {
+		t.Errorf("ManyError text\n got %s\nwant %s", got, want)
+	}
+	srv := redistest.Start(t)
+	c := newTestCache(t, srv.Client(t), nil)
+	_, err := c.GetMany(context.Background(), []string{"x"}, time.Minute, func(context.Context, []string) (map[string][]byte, error) {
+		return nil, errDB
+	})
+	if got := fmt.Sprint(err); strings.Count(got, `"x"`) != 1 || !strings.Contains(got, errDB.Error()) {
+		t.Errorf("GetMany error %q: want the key once and the cause", got)
+	}
+}

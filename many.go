@@ -81,9 +81,22 @@ func (e *ManyError) Error() string {
 		if i == 0 {
 			sep = ": "
 		}
-		fmt.Fprintf(&b, "%s%q: %v", sep, k, e.Errs[k])
+		fmt.Fprintf(&b, "%s%q: %s", sep, k, keyErrorText(k, e.Errs[k]))
 	}
 	return b.String()
+}
+
+// keyErrorText is key's error as ManyError lists it: a *LoadError of
+// that key without its key, said once already ("load failed: cause",
+// "load failed in another process: cause"), any other error as it is.
+func keyErrorText(key string, err error) string {
+	if le, ok := err.(*LoadError); ok && le != nil && le.Key == key {
+		if le.Remote {
+			return "load failed in another process: " + le.Msg
+		}
+		return "load failed: " + le.Msg
+	}
+	return fmt.Sprint(err)
 }
 
 // Unwrap returns every key's error, in the order of the keys.

@@ -268,7 +268,12 @@ type Options struct {
 	// failed leader's own process share its flight and get its error, as
 	// does [Cache.Begin], whose callers decide for themselves (the HTTP
 	// middleware retries once by calling Begin again, so the two never
-	// multiply). The retry is also bounded by the wait budget. A loader
+	// multiply). The retry is also bounded by the wait budget: a follower
+	// whose budget runs out while it waits for the retry applies Fallback
+	// (with an explicit WaitTimeout and LoadLocally, that is one more call
+	// of the source, from that process; the default budget follows the
+	// retry's lease instead, so it does not run out while the retry is
+	// alive). A loader
 	// error marked with [NoShare] is retried this way whatever this says.
 	//
 	// Default: false, no retry: one transient failure fails every caller

@@ -722,6 +722,12 @@ func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool
 			f.cur = currency{from: f.heldAt}
 			return nil, ErrNotFound, true
 		case failNotShared:
+			// The text is the leader's error, which wraps ErrNotShared
+			// too: say "value not shared" once.
+			text = strings.TrimPrefix(text, ErrNotShared.Error()+": ")
+			if text == ErrNotShared.Error() {
+				return nil, fmt.Errorf("%w: %q", ErrNotShared, f.key), true
+			}
 			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, text), true
 		}
 		if c.retries(f, kind, fence) {
