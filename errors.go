@@ -207,7 +207,11 @@ const notSharedText = "the rebuilding process did not share its error (herd.NoSh
 // too they get its error, or, if that one is not shared either, a
 // LoadError with Remote set that says so. A wave of callers thus calls a
 // source that keeps failing at most twice. Begin's followers do not
-// retry (see [Cache.Begin]); they get that LoadError at once.
+// retry (see [Cache.Begin]); they get that LoadError at once. A
+// background refresh that fails with a NoShare error backs refreshes off
+// as any failed refresh does, for every process ([Options.RefreshBackoff]):
+// the stale value stays servable meanwhile, and the refresh is not retried
+// elsewhere at once (no caller waits on it).
 //
 // NoShare differs from [ErrNotShared], which is about a value: waiters
 // told ErrNotShared build their own value, each of them, unbounded.
