@@ -8,8 +8,15 @@
 // ("herd; fwd=miss; collapsed"). The entry is then a hit for 10 s, and
 // served stale for 30 s more while one request refreshes it. GET /stats
 // counts the handler's runs. Without -redis it uses an embedded
-// miniredis; instances given the same -redis share their responses, for
-// requests with the same Host (part of the key, as behind a load balancer).
+// miniredis. Instances given the same -redis share their responses for
+// requests with the same Host (part of the key, as behind a load balancer)
+// if they listen on the same port (the key's default scope) or are given
+// the same -scope. Two on one machine, one handler run between them:
+//
+//	go run ./examples/chi -redis 127.0.0.1:6379 -scope catalog
+//	go run ./examples/chi -redis 127.0.0.1:6379 -scope catalog -addr 127.0.0.1:8090
+//	curl -H 'Host: shop.example' http://127.0.0.1:8082/products/3
+//	curl -H 'Host: shop.example' http://127.0.0.1:8090/products/3
 package main
 
 import (
@@ -63,6 +70,7 @@ func productHandler(w http.ResponseWriter, r *http.Request) {
 var (
 	addr      = flag.String("addr", "127.0.0.1:8082", "listen address (examples/nethttp uses 8080, examples/metrics 8081)")
 	redisAddr = flag.String("redis", "", "Redis address (default: an embedded miniredis)")
+	scope     = flag.String("scope", "", "middleware.Options.Scope: instances share entries only with the same scope (default: the listen port)")
 )
 
 func main() {
@@ -92,7 +100,7 @@ func run(addr, redisAddr string) error {
 
 	r := chi.NewRouter()
 	r.Use(chimw.Recoverer, chimw.GetHead)
-	r.With(middleware.New(cache, &middleware.Options{TTL: 10 * time.Second, StaleFor: 30 * time.Second})).
+	r.With(middleware.New(cache, &middleware.Options{TTL: 10 * time.Second, StaleFor: 30 * time.Second, Scope: *scope})).
 		Get("/products/{id}", productHandler)
 	r.Get("/stats", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "handler runs: %d\n", handlerRuns.Load())

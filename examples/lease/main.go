@@ -2,6 +2,10 @@
 // Locker lets one run it, and the job writes its result through a
 // FencedStore, so that an instance that paused past its lease (a GC pause,
 // a frozen VM) cannot overwrite the work of the instance that took over.
+// The lock stops runs that overlap, not repeated ones: instances whose
+// ticks come a little apart each take the free lock in turn. For a job
+// that must run once per period, use herd.Once or herd.Job (README, "The
+// short lease on its own").
 //
 //	go run ./examples/lease                 # embedded Redis
 //	go run ./examples/lease -redis 127.0.0.1:6379

@@ -7,8 +7,15 @@
 // ("herd; fwd=miss; collapsed"). The entry is then a hit for 10 s, and
 // served stale for 30 s more while one request refreshes it. GET /stats
 // counts the handler's runs. Without -redis it uses an embedded
-// miniredis; instances given the same -redis share their responses, for
-// requests with the same Host (part of the key, as behind a load balancer).
+// miniredis. Instances given the same -redis share their responses for
+// requests with the same Host (part of the key, as behind a load balancer)
+// if they listen on the same port (the key's default scope) or are given
+// the same -scope. Two on one machine, one handler run between them:
+//
+//	go run ./examples/nethttp -redis 127.0.0.1:6379 -scope catalog
+//	go run ./examples/nethttp -redis 127.0.0.1:6379 -scope catalog -addr 127.0.0.1:8090
+//	curl -H 'Host: shop.example' http://127.0.0.1:8080/products/3
+//	curl -H 'Host: shop.example' http://127.0.0.1:8090/products/3
 package main
 
 import (
@@ -56,6 +63,7 @@ func productHandler(w http.ResponseWriter, r *http.Request) {
 var (
 	addr      = flag.String("addr", "127.0.0.1:8080", "listen address (examples/metrics uses 8081, examples/chi 8082)")
 	redisAddr = flag.String("redis", "", "Redis address (default: an embedded miniredis)")
+	scope     = flag.String("scope", "", "middleware.Options.Scope: instances share entries only with the same scope (default: the listen port)")
 )
 
 func main() {
@@ -83,7 +91,7 @@ func run(addr, redisAddr string) error {
 	cache := herd.New(rdb, nil)
 	defer cache.Close()
 
-	cached := middleware.New(cache, &middleware.Options{TTL: 10 * time.Second, StaleFor: 30 * time.Second})
+	cached := middleware.New(cache, &middleware.Options{TTL: 10 * time.Second, StaleFor: 30 * time.Second, Scope: *scope})
 	mux := http.NewServeMux()
 	mux.Handle("GET /products/{id}", cached(http.HandlerFunc(productHandler)))
 	mux.HandleFunc("GET /stats", func(w http.ResponseWriter, r *http.Request) {
