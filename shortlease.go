@@ -250,6 +250,11 @@ func (l *Locker) tryCtx(ctx context.Context, key string, keys keyFamily, ttl tim
 		lease *Lease
 		pttl  time.Duration
 	}
+	if err := ctx.Err(); err != nil {
+		// Ended already: no ACQUIRE (raced against ctx, its reply could
+		// otherwise win and hand out a lease to a caller that left).
+		return nil, 0, fmt.Errorf("%w: acquire %q: %w", ErrLeaseHeld, key, err)
+	}
 	// The caller also leaves when the Locker closes.
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -675,4 +676,58 @@ func TestLeaseLostWhenRedisStops(t *testing.T) {
 		t.Errorf("Release with Redis stopped: got nil, want an error")
 	}
 	goleak.VerifyNone(t, baseline)
+}
+
+// A context that ended before TryAcquire or Acquire is never handed a
+// lease, and no ACQUIRE is sent for it: the call and ctx used to race,
+// and a fast ACQUIRE reply could win (locktest's conformance suite failed
+// on it under load). Counting the commands that reach the client makes
+// the race's precondition, a script sent for a caller that left, visible
+// on every run.
+func TestLockerEndedContextNeverAcquires(t *testing.T) {
+	rdb := redistest.Start(t).Client(t)
+	var sent atomic.Int64
+	rdb.AddHook(countScripts{&sent})
+	l := NewLocker(rdb, nil)
+	defer l.Close()
+	done, stop := context.WithCancel(context.Background())
+	stop()
+	for i := range 50 {
+		if lease, err := l.TryAcquire(done, "k", time.Second); err == nil || lease != nil {
+			t.Fatalf("try %d: TryAcquire with an ended ctx = %v, %v; want no lease and an error", i, lease, err)
+		} else if !errors.Is(err, context.Canceled) {
+			t.Fatalf("try %d: %v, want context.Canceled", i, err)
+		}
+		if _, err := l.Acquire(done, "k", time.Second); !errors.Is(err, context.Canceled) {
+			t.Fatalf("try %d: Acquire with an ended ctx: %v, want context.Canceled", i, err)
+		}
+	}
+	l.Close() // waits for any call still running for a caller that left
+	if n := sent.Load(); n != 0 {
+		t.Errorf("%d scripts sent for calls whose ctx had ended, want 0", n)
+	}
+}
+
+// countScripts counts the scripts (EVAL, EVALSHA) a client sends, alone
+// or in a pipeline.
+type countScripts struct{ n *atomic.Int64 }
+
+func (h countScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h countScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := strings.ToLower(cmd.Name()); name == "eval" || name == "evalsha" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h countScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if name := strings.ToLower(cmd.Name()); name == "eval" || name == "evalsha" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
 }
