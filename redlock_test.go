@@ -477,7 +477,13 @@ func redlockHolderWorker(ctx context.Context, _ string) error {
 func TestRedlockContention(t *testing.T) {
 	g := startRedlockRig(t, 5)
 	side := redistest.Start(t).Client(t)
-	locks := []*Redlock{g.redlock(nil), g.redlock(nil), g.redlock(nil)}
+	// 96 acquisitions one after the other, and no fairness among the 24
+	// waiters: one of them may lose many hand-offs in a row, so its wait
+	// is bounded by a generous MaxWait, not the default 3 × ttl (9s,
+	// which a loaded machine's hand-offs added up to). What is checked is
+	// mutual exclusion and the tokens, not how long a waiter waits.
+	opt := &RedlockOptions{NodeTimeout: testNodeTimeout, MaxWait: 2 * time.Minute}
+	locks := []*Redlock{g.redlock(opt), g.redlock(opt), g.redlock(opt)}
 	ctx := context.Background()
 	key := testKey(t)
 	const rounds = 4
