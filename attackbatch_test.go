@@ -1318,6 +1318,13 @@ func TestAttackGetMany10k(t *testing.T) {
 	}
 }
 
+// isAcquireCmd reports whether cmd runs the ACQUIRE script.
+func isAcquireCmd(cmd redis.Cmder) bool {
+	a := cmd.Args()
+	return len(a) > 1 && (cmd.Name() == "evalsha" && a[1] == acquireScript.Hash() ||
+		cmd.Name() == "eval" && a[1] == acquireLua)
+}
+
 // slowReplies delays the return of every pipeline that runs the ACQUIRE
 // script by d, after Redis answered it: a slow link's replies.
 type slowReplies struct{ d time.Duration }
@@ -1328,9 +1335,7 @@ func (h slowReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		err := next(ctx, cmds)
 		for _, cmd := range cmds {
-			a := cmd.Args()
-			if len(a) > 1 && (cmd.Name() == "evalsha" && a[1] == acquireScript.Hash() ||
-				cmd.Name() == "eval" && a[1] == acquireLua) {
+			if isAcquireCmd(cmd) {
 				time.Sleep(h.d)
 				break
 			}
@@ -1403,9 +1408,7 @@ func (h slowBatchReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 		err := next(ctx, cmds)
 		acquires := 0
 		for _, cmd := range cmds {
-			a := cmd.Args()
-			if len(a) > 1 && (cmd.Name() == "evalsha" && a[1] == acquireScript.Hash() ||
-				cmd.Name() == "eval" && a[1] == acquireLua) {
+			if isAcquireCmd(cmd) {
 				acquires++
 			}
 		}

@@ -213,13 +213,8 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 // or less or a nil Done, and the store's error (wrapped) or an error for
 // a record that is not one of a Job's.
 func (j *Job) Completed(ctx context.Context) (done bool, last time.Time, err error) {
-	switch {
-	case j.Name == "":
-		return false, time.Time{}, fmt.Errorf("%w: %w: empty name", ErrInvalidJob, ErrInvalidKey)
-	case j.Period <= 0:
-		return false, time.Time{}, fmt.Errorf("%w %q: period %v (must be positive)", ErrInvalidJob, j.Name, j.Period)
-	case j.Done == nil:
-		return false, time.Time{}, fmt.Errorf("%w %q: nil Done", ErrInvalidJob, j.Name)
+	if err := j.checkRecord(); err != nil {
+		return false, time.Time{}, err
 	}
 	now := time.Now
 	if j.Now != nil {
@@ -235,15 +230,26 @@ func (j *Job) Completed(ctx context.Context) (done bool, last time.Time, err err
 
 // check validates the job and fn.
 func (j *Job) check(fn JobFunc) error {
+	if err := j.checkRecord(); err != nil {
+		return err
+	}
+	switch {
+	case fn == nil:
+		return fmt.Errorf("%w %q: nil func", ErrInvalidJob, j.Name)
+	case j.Lock == nil:
+		return fmt.Errorf("%w %q: nil Lock", ErrInvalidJob, j.Name)
+	}
+	return nil
+}
+
+// checkRecord validates what reading the job's record needs: Name,
+// Period and Done.
+func (j *Job) checkRecord() error {
 	switch {
 	case j.Name == "":
 		return fmt.Errorf("%w: %w: empty name", ErrInvalidJob, ErrInvalidKey)
 	case j.Period <= 0:
 		return fmt.Errorf("%w %q: period %v (must be positive)", ErrInvalidJob, j.Name, j.Period)
-	case fn == nil:
-		return fmt.Errorf("%w %q: nil func", ErrInvalidJob, j.Name)
-	case j.Lock == nil:
-		return fmt.Errorf("%w %q: nil Lock", ErrInvalidJob, j.Name)
 	case j.Done == nil:
 		return fmt.Errorf("%w %q: nil Done", ErrInvalidJob, j.Name)
 	}

@@ -712,21 +712,23 @@ func TestLockerEndedContextNeverAcquires(t *testing.T) {
 // or in a pipeline.
 type countScripts struct{ n *atomic.Int64 }
 
+func (h countScripts) count(cmd redis.Cmder) {
+	if name := strings.ToLower(cmd.Name()); name == "eval" || name == "evalsha" {
+		h.n.Add(1)
+	}
+}
+
 func (h countScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h countScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if name := strings.ToLower(cmd.Name()); name == "eval" || name == "evalsha" {
-			h.n.Add(1)
-		}
+		h.count(cmd)
 		return next(ctx, cmd)
 	}
 }
 func (h countScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			if name := strings.ToLower(cmd.Name()); name == "eval" || name == "evalsha" {
-				h.n.Add(1)
-			}
+			h.count(cmd)
 		}
 		return next(ctx, cmds)
 	}
