@@ -383,7 +383,8 @@ func closeWithin(t *testing.T, d time.Duration, cs ...interface{ Close() error }
 				t.Errorf("Close: %v", err)
 			}
 		case <-time.After(d):
-			t.Fatal("Close hangs")
+			buf := make([]byte, 1<<20)
+			t.Fatalf("Close hangs after %v; goroutines:\n%s", d, buf[:runtime.Stack(buf, true)])
 		}
 	}
 }

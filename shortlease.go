@@ -260,7 +260,14 @@ func (l *Locker) tryCtx(ctx context.Context, key string, keys keyFamily, ttl tim
 	defer cancel()
 	defer context.AfterFunc(l.ctx, cancel)()
 	r, err := leaveOnDone(cctx, l.track, func() (tried, error) {
-		lease, pttl, err := l.try(context.WithoutCancel(ctx), key, keys, ttl)
+		// The round trip outlives a caller that left (a lease it wins is
+		// released below), but not the Locker: after Close, go-redis must
+		// not retry it (each retry of a blackholed dial waits out the
+		// client's timeouts again, and Close waits for this call).
+		ictx, icancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer icancel()
+		defer context.AfterFunc(l.ctx, icancel)()
+		lease, pttl, err := l.try(ictx, key, keys, ttl)
 		return tried{lease, pttl}, err
 	}, func(r tried, _ error) {
 		if r.lease != nil {
