@@ -487,10 +487,36 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkLeaseTTL(ttl); err != nil {
 		return err
 	}
-	_, err := leaveOnDone(ctx, l.locker.track, func() (struct{}, error) {
-		return struct{}{}, l.extend(context.WithoutCancel(ctx), ttl)
-	}, nil)
+	_, err := leaseCall(l.locker, ctx, func(ctx context.Context) (struct{}, error) {
+		return struct{}{}, l.extend(ctx, ttl)
+	})
 	return err
+}
+
+// leaseCall is leaveOnDone for a lease's round trip (Extend, Release): it
+// runs on WithoutCancel(ctx), so it outlives a caller that left. When
+// Close waits for it (tracked), Close also ends its context: go-redis
+// must not retry it after Close began (each retry of a blackholed
+// command waits out the client's timeouts again). Once Close began the
+// call runs in its caller's goroutine, untracked and not ended by Close:
+// leases keep working after Close.
+func leaseCall[T any](l *Locker, ctx context.Context, call func(context.Context) (T, error)) (T, error) {
+	tracked := false
+	track := func() (func(), bool) {
+		done, ok := l.track()
+		tracked = ok // set before leaveOnDone starts the call's goroutine
+		return done, ok
+	}
+	return leaveOnDone(ctx, track, func() (T, error) {
+		cctx := context.WithoutCancel(ctx)
+		if tracked {
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithCancel(cctx)
+			defer cancel()
+			defer context.AfterFunc(l.ctx, cancel)()
+		}
+		return call(cctx)
+	}, nil)
 }
 
 // extend is Extend without the range check, for the watchdog's capped
@@ -631,9 +657,9 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil // released before: the key may belong to someone else now
 	}
 	l.stopWatchdog()
-	ok, err := leaveOnDone(ctx, l.locker.track, func() (int, error) {
-		return l.releaseWith(context.WithoutCancel(ctx), msgReleased)
-	}, nil)
+	ok, err := leaseCall(l.locker, ctx, func(ctx context.Context) (int, error) {
+		return l.releaseWith(ctx, msgReleased)
+	})
 	if err != nil {
 		return fmt.Errorf("herd: release lease %q: %w", l.key, err)
 	}
