@@ -125,3 +125,34 @@ func TestAttackLockerCloseLeaseCallInABlackhole(t *testing.T) {
 		})
 	}
 }
+
+// TestAttackCacheCloseCommitInABlackholeWithRetries is
+// TestCacheCloseDoesNotHangOnACommitToABlackholedRedis with go-redis's
+// default retries: the COMMIT, on WithoutCancel(c.ctx), goes into a
+// blackhole and Close begins. Close waits for the COMMIT sent, but
+// go-redis must not re-send it after Close began.
+// GetMany's COMMITs go in one pipeline (commitBatch).
+func TestAttackCacheCloseCommitInABlackholeWithRetries(t *testing.T) {
+	for _, many := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Get", true: "GetMany"}[many], func(t *testing.T) {
+			r, rdb, h := closeAtkRig(t, commitScript.Hash())
+			c := r.cache(rdb, psOptions("cac"))
+			started, release := make(chan struct{}, 1), make(chan struct{})
+			load := gatedLoad(started, release, []byte("v"))
+			if many {
+				go c.GetMany(context.Background(), []string{"cac1", "cac2"}, time.Minute, func(ctx context.Context, keys []string) (map[string][]byte, error) {
+					v, err := load(ctx)
+					return map[string][]byte{"cac1": v, "cac2": v}, err
+				})
+			} else {
+				go c.Get(context.Background(), "cac", time.Minute, load)
+			}
+			<-started
+			close(release)
+			<-h.entered
+			closeTakes(t, r, "Cache", c)
+			r.proxy.SetBlackhole(false)
+			r.finish()
+		})
+	}
+}

@@ -887,24 +887,42 @@ func (b *commitBatch) skip() {
 
 func (b *commitBatch) flush() {
 	if len(b.calls) > 0 {
-		b.c.locker.cfg.repl.runBatch(context.WithoutCancel(b.c.ctx), b.c.rdb, commitScript, b.calls)
+		ctx, cancel := b.c.commitCtx()
+		defer cancel()
+		b.c.locker.cfg.repl.runBatch(ctx, b.c.rdb, commitScript, b.calls)
 	}
 	close(b.done)
 }
 
 // runCommit runs a COMMIT of f's key: in f's commit batch if it has one.
-// The COMMIT is sent even once Close has begun (the context is detached
-// from c.ctx; the client's timeouts bound it, as they bound every command
-// Close waits for): a load that ended is stored and its lease released,
-// instead of the lease being left to block the key for other processes
-// until it expires. In a batch the COMMIT waits for the other keys, so
-// the window between the load's end and the COMMIT is not small.
+// The COMMIT is sent even once Close has begun (see commitCtx; the
+// client's timeouts bound it, as they bound every command Close waits
+// for): a load that ended is stored and its lease released, instead of
+// the lease being left to block the key for other processes until it
+// expires. In a batch the COMMIT waits for the other keys, so the window
+// between the load's end and the COMMIT is not small.
 func (c *Cache) runCommit(f *flight, keys []string, args ...any) (*redis.Cmd, error) {
 	if b := f.commits; b != nil {
 		f.commits = nil
 		return b.run(f.keys.fence, keys, args)
 	}
-	return c.locker.cfg.repl.run(context.WithoutCancel(c.ctx), c.rdb, f.keys.fence, commitScript, keys, args...)
+	ctx, cancel := c.commitCtx()
+	defer cancel()
+	return c.locker.cfg.repl.run(ctx, c.rdb, f.keys.fence, commitScript, keys, args...)
+}
+
+// commitCtx is the context of a COMMIT about to be sent: detached from
+// c.ctx, so that it is sent even once Close has begun. A COMMIT sent
+// before Close ends with Close, though: Close waits for it, and go-redis
+// must not retry it after Close began (each retry of a blackholed command
+// waits out the client's timeouts again).
+func (c *Cache) commitCtx() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(c.ctx))
+	if c.ctx.Err() != nil {
+		return ctx, cancel // sent after Close began
+	}
+	stop := context.AfterFunc(c.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
 }
 
 // skipCommit tells f's commit batch, if it still has one, that f commits
