@@ -46,10 +46,9 @@ func TestAttackTagPurgeAcrossFailover(t *testing.T) {
 	p := startReplicated(t)
 	ac, target := switchable(t, p.master.Addr())
 	const prefix = "atk"
-	// A generous ReplicaTimeout: this test is about the scan's cursor across
-	// the failover, and on a loaded machine the new master's replica has
-	// missed the default 250ms for one page of deletes.
-	c := New(ac, &Options{Prefix: prefix, ReplicaAcks: 1, ReplicaTimeout: 2 * time.Second})
+	// failoverReplicaTimeout: on a loaded machine the new master's replica
+	// has missed the default 250ms for one page of deletes.
+	c := New(ac, &Options{Prefix: prefix, ReplicaAcks: 1, ReplicaTimeout: failoverReplicaTimeout})
 	defer c.Close()
 	hashes := fakeTagged(t, p.m, prefix, "big", 5000)
 	p.sync(t)

@@ -140,7 +140,7 @@ func TestReplicaAcksAutoStartsAfreshOnANewMaster(t *testing.T) {
 	ctx := context.Background()
 	p := startReplicated(t)
 	cl, target := switchable(t, p.master.Addr())
-	c := New(cl, nil)
+	c := New(cl, &Options{ReplicaTimeout: failoverReplicaTimeout})
 	defer c.Close()
 	if err := c.Set(ctx, "k", []byte("v1"), time.Minute); err != nil {
 		t.Fatalf("Set on the master with two replicas: %v", err)

@@ -39,6 +39,13 @@ func startReplicated(t testing.TB) *replicated {
 	return p
 }
 
+// failoverReplicaTimeout is the ReplicaTimeout of the tests on replicated
+// servers: the default 250ms WAIT is too short for a healthy replica on a
+// loaded machine (TestFailoverNoDuplicateToken failed on it in a stress
+// run), and these tests are about what a failover keeps, not about how
+// fast replicas acknowledge. It is below the clients' 3s ReadTimeout.
+const failoverReplicaTimeout = 2 * time.Second
+
 func follow(t testing.TB, c *redis.Client, m *redistest.Server) {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(m.Addr())
@@ -119,7 +126,9 @@ func TestFailoverNoDuplicateToken(t *testing.T) {
 		name string
 		opt  *LockerOptions
 	}{
-		{"default", nil},
+		// The default replica wait, with a longer ReplicaTimeout than its
+		// 250ms: on a loaded machine a healthy replica has missed that.
+		{"default", &LockerOptions{ReplicaTimeout: failoverReplicaTimeout}},
 		{"no replica wait", &LockerOptions{ReplicaAcks: -1}}, // the clock-based tokens alone
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -188,9 +197,9 @@ func TestFailoverInvalidateNotUndone(t *testing.T) {
 			p := startReplicated(t)
 			key := "page"
 			ac, target := switchable(t, p.master.Addr())
-			a := New(ac, nil)
+			a := New(ac, &Options{ReplicaTimeout: failoverReplicaTimeout})
 			defer a.Close()
-			b := New(p.m, nil)
+			b := New(p.m, &Options{ReplicaTimeout: failoverReplicaTimeout})
 			defer b.Close()
 
 			_, fill, err := a.Begin(ctx, key, time.Minute, nil)
