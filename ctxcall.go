@@ -58,3 +58,14 @@ func leaveOnDone[T any](ctx context.Context, track func() (done func(), ok bool)
 	var zero T
 	return zero, ctx.Err()
 }
+
+// endWith returns ctx, ended also when owner ends (a Cache's or Locker's
+// Close): for a round trip that outlives its caller (ctx is then
+// WithoutCancel of the caller's) but must not be retried by go-redis once
+// Close began, since Close waits for it and every retry into a blackhole
+// waits out the client's timeouts again. stop releases it.
+func endWith(ctx, owner context.Context) (_ context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	unhook := context.AfterFunc(owner, cancel)
+	return ctx, func() { unhook(); cancel() }
+}

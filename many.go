@@ -913,16 +913,13 @@ func (c *Cache) runCommit(f *flight, keys []string, args ...any) (*redis.Cmd, er
 
 // commitCtx is the context of a COMMIT about to be sent: detached from
 // c.ctx, so that it is sent even once Close has begun. A COMMIT sent
-// before Close ends with Close, though: Close waits for it, and go-redis
-// must not retry it after Close began (each retry of a blackholed command
-// waits out the client's timeouts again).
-func (c *Cache) commitCtx() (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(context.WithoutCancel(c.ctx))
+// before Close ends with Close, though (see endWith).
+func (c *Cache) commitCtx() (_ context.Context, stop func()) {
+	ctx := context.WithoutCancel(c.ctx)
 	if c.ctx.Err() != nil {
-		return ctx, cancel // sent after Close began
+		return ctx, func() {} // sent after Close began
 	}
-	stop := context.AfterFunc(c.ctx, cancel)
-	return ctx, func() { stop(); cancel() }
+	return endWith(ctx, c.ctx)
 }
 
 // skipCommit tells f's commit batch, if it still has one, that f commits

@@ -261,12 +261,9 @@ func (l *Locker) tryCtx(ctx context.Context, key string, keys keyFamily, ttl tim
 	defer context.AfterFunc(l.ctx, cancel)()
 	r, err := leaveOnDone(cctx, l.track, func() (tried, error) {
 		// The round trip outlives a caller that left (a lease it wins is
-		// released below), but not the Locker: after Close, go-redis must
-		// not retry it (each retry of a blackholed dial waits out the
-		// client's timeouts again, and Close waits for this call).
-		ictx, icancel := context.WithCancel(context.WithoutCancel(ctx))
-		defer icancel()
-		defer context.AfterFunc(l.ctx, icancel)()
+		// released below), but not the Locker's Close (see endWith).
+		ictx, stop := endWith(context.WithoutCancel(ctx), l.ctx)
+		defer stop()
 		lease, pttl, err := l.try(ictx, key, keys, ttl)
 		return tried{lease, pttl}, err
 	}, func(r tried, _ error) {
@@ -495,11 +492,9 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 
 // leaseCall is leaveOnDone for a lease's round trip (Extend, Release): it
 // runs on WithoutCancel(ctx), so it outlives a caller that left. When
-// Close waits for it (tracked), Close also ends its context: go-redis
-// must not retry it after Close began (each retry of a blackholed
-// command waits out the client's timeouts again). Once Close began the
-// call runs in its caller's goroutine, untracked and not ended by Close:
-// leases keep working after Close.
+// Close waits for it (tracked), Close also ends its context (see
+// endWith). Once Close began the call runs in its caller's goroutine,
+// untracked and not ended by Close: leases keep working after Close.
 func leaseCall[T any](l *Locker, ctx context.Context, call func(context.Context) (T, error)) (T, error) {
 	tracked := false
 	track := func() (func(), bool) {
@@ -510,10 +505,9 @@ func leaseCall[T any](l *Locker, ctx context.Context, call func(context.Context)
 	return leaveOnDone(ctx, track, func() (T, error) {
 		cctx := context.WithoutCancel(ctx)
 		if tracked {
-			var cancel context.CancelFunc
-			cctx, cancel = context.WithCancel(cctx)
-			defer cancel()
-			defer context.AfterFunc(l.ctx, cancel)()
+			var stop func()
+			cctx, stop = endWith(cctx, l.ctx)
+			defer stop()
 		}
 		return call(cctx)
 	}, nil)

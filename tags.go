@@ -443,9 +443,8 @@ func (c *Cache) InvalidateTag(ctx context.Context, tags ...string) error {
 	c.useTags()
 	_, err = leaveOnDone(ctx, c.track, func() (struct{}, error) {
 		// The purge belongs to no caller: it runs to its end unless Close.
-		wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		defer cancel()
-		defer context.AfterFunc(c.ctx, cancel)()
+		wctx, stop := endWith(context.WithoutCancel(ctx), c.ctx)
+		defer stop()
 		err := c.purge(wctx, t)
 		c.wroteAll() // even on an error: some keys may be invalidated
 		return struct{}{}, err
