@@ -35,22 +35,6 @@ type blackholeOn struct {
 	entered chan struct{}
 }
 
-func (h *blackholeOn) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *blackholeOn) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.see(cmd)
-		return next(ctx, cmd)
-	}
-}
-func (h *blackholeOn) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			h.see(cmd)
-		}
-		return next(ctx, cmds)
-	}
-}
-
 func (h *blackholeOn) see(cmd redis.Cmder) {
 	if a := cmd.Args(); len(a) > 1 && cmd.Name() == "evalsha" && a[1] == h.sha {
 		h.once.Do(func() {
@@ -66,7 +50,7 @@ func closeAtkRig(t *testing.T, sha string) (*faultRig, *redis.Client, *blackhole
 	r := newFaultRig(t)
 	rdb := r.client(timeouts{dial: closeAtkTimeout, read: closeAtkTimeout, write: closeAtkTimeout})
 	h := &blackholeOn{sha: sha, on: func() { r.proxy.SetBlackhole(true) }, entered: make(chan struct{})}
-	rdb.AddHook(h)
+	rdb.AddHook(cmdHook{before: h.see})
 	return r, rdb, h
 }
 

@@ -102,3 +102,34 @@ func runWorkerRole(role string) int {
 
 // workerRoles holds the functions a re-run test binary can act as.
 var workerRoles = map[string]func(ctx context.Context, role string) error{}
+
+// cmdHook is a go-redis hook that shows a test every command a client
+// sends, alone or in a pipeline: to before when it is about to be sent,
+// to after once it returned (its reply or error set). Either may be nil.
+type cmdHook struct{ before, after func(redis.Cmder) }
+
+func (h cmdHook) see(f func(redis.Cmder), cmds []redis.Cmder) {
+	if f != nil {
+		for _, cmd := range cmds {
+			f(cmd)
+		}
+	}
+}
+
+func (h cmdHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h cmdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.see(h.before, []redis.Cmder{cmd})
+		err := next(ctx, cmd)
+		h.see(h.after, []redis.Cmder{cmd})
+		return err
+	}
+}
+func (h cmdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.see(h.before, cmds)
+		err := next(ctx, cmds)
+		h.see(h.after, cmds)
+		return err
+	}
+}

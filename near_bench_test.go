@@ -114,7 +114,14 @@ func nearHotKey(b *testing.B, srv *redistest.Server, near bool, rate int) {
 	var readers []*Cache
 	for range caches {
 		rdb := srv.Client(b, func(o *redis.Options) { o.PoolSize = per + 8 })
-		rdb.AddHook(countKeyCmds{tag: k.hash(), key: &keyCmds, all: &allCmds})
+		// Count all commands, and those naming this key's hash tag.
+		tag := "{" + k.hash() + "}"
+		rdb.AddHook(cmdHook{before: func(cmd redis.Cmder) {
+			allCmds.Add(1)
+			if slices.ContainsFunc(cmd.Args(), func(a any) bool { s, ok := a.(string); return ok && strings.Contains(s, tag) }) {
+				keyCmds.Add(1)
+			}
+		}})
 		if near {
 			readers = append(readers, newNearCache(b, rdb, NearOptions{MaxAge: time.Second}, nil))
 		} else {
@@ -192,39 +199,6 @@ func nearHotKey(b *testing.B, srv *redistest.Server, near bool, rate int) {
 	b.ReportMetric(n/elapsed.Seconds(), "gets/s")
 	b.ReportMetric(float64(allCmds.Load())/elapsed.Seconds(), "all-cmds/s")
 	b.ReportMetric(float64(hits)/n, "near-hit-ratio")
-}
-
-// countKeyCmds counts the commands (pipelined ones too) whose arguments
-// name a herd key with hash tag tag, and all commands.
-type countKeyCmds struct {
-	tag      string
-	key, all *atomic.Int64
-}
-
-func (h countKeyCmds) count(cmd redis.Cmder) {
-	h.all.Add(1)
-	for _, a := range cmd.Args() {
-		if s, ok := a.(string); ok && strings.Contains(s, "{"+h.tag+"}") {
-			h.key.Add(1)
-			return
-		}
-	}
-}
-
-func (countKeyCmds) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h countKeyCmds) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.count(cmd)
-		return next(ctx, cmd)
-	}
-}
-func (h countKeyCmds) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			h.count(cmd)
-		}
-		return next(ctx, cmds)
-	}
 }
 
 // BenchmarkNearSetPublish is the cost of the near-cache PUBLISH that every

@@ -90,29 +90,10 @@ type acquires struct {
 
 func countAcquires(rdb redis.UniversalClient) *acquires {
 	a := &acquires{n: map[string]int{}}
-	rdb.AddHook(a)
+	// The replica wait sends a script in a pipeline (with WAIT or INFO),
+	// so pipelined commands count too.
+	rdb.AddHook(cmdHook{after: a.count})
 	return a
-}
-
-func (a *acquires) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-// The replica wait sends a script in a pipeline (with WAIT or INFO), so
-// both hooks count.
-func (a *acquires) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		err := next(ctx, cmds)
-		for _, cmd := range cmds {
-			a.count(cmd)
-		}
-		return err
-	}
-}
-func (a *acquires) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		err := next(ctx, cmd)
-		a.count(cmd)
-		return err
-	}
 }
 
 func (a *acquires) count(cmd redis.Cmder) {

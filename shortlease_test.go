@@ -687,7 +687,11 @@ func TestLeaseLostWhenRedisStops(t *testing.T) {
 func TestLockerEndedContextNeverAcquires(t *testing.T) {
 	rdb := redistest.Start(t).Client(t)
 	var sent atomic.Int64
-	rdb.AddHook(countScripts{&sent})
+	rdb.AddHook(cmdHook{before: func(cmd redis.Cmder) {
+		if name := strings.ToLower(cmd.Name()); name == "eval" || name == "evalsha" {
+			sent.Add(1)
+		}
+	}})
 	l := NewLocker(rdb, nil)
 	defer l.Close()
 	done, stop := context.WithCancel(context.Background())
@@ -705,31 +709,5 @@ func TestLockerEndedContextNeverAcquires(t *testing.T) {
 	l.Close() // waits for any call still running for a caller that left
 	if n := sent.Load(); n != 0 {
 		t.Errorf("%d scripts sent for calls whose ctx had ended, want 0", n)
-	}
-}
-
-// countScripts counts the scripts (EVAL, EVALSHA) a client sends, alone
-// or in a pipeline.
-type countScripts struct{ n *atomic.Int64 }
-
-func (h countScripts) count(cmd redis.Cmder) {
-	if name := strings.ToLower(cmd.Name()); name == "eval" || name == "evalsha" {
-		h.n.Add(1)
-	}
-}
-
-func (h countScripts) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h countScripts) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.count(cmd)
-		return next(ctx, cmd)
-	}
-}
-func (h countScripts) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		for _, cmd := range cmds {
-			h.count(cmd)
-		}
-		return next(ctx, cmds)
 	}
 }
