@@ -31,7 +31,7 @@ const batchSize = 256
 // batchSize scripts, each followed by one WAIT for the replicas, and
 // every pipeline is sent at once. Every call has its cmd when runBatch
 // returns.
-func (w *replicaWait) runBatch(ctx context.Context, rdb redis.UniversalClient, s *redis.Script, calls []*scriptCall) {
+func (w *replicaWait) runBatch(ctx context.Context, rdb redis.UniversalClient, s *script, calls []*scriptCall) {
 	type group struct {
 		target pipeliner
 		addr   string
@@ -71,23 +71,24 @@ func (w *replicaWait) runBatch(ctx context.Context, rdb redis.UniversalClient, s
 // target, with the WAIT after them; the ones the master did not have the
 // script for go again with the script's body, and the ones a Cluster
 // redirected go through run.
-func (w *replicaWait) runChunk(ctx context.Context, rdb redis.UniversalClient, target pipeliner, addr string, cluster bool, s *redis.Script, calls []*scriptCall) {
+func (w *replicaWait) runChunk(ctx context.Context, rdb redis.UniversalClient, target pipeliner, addr string, cluster bool, s *script, calls []*scriptCall) {
 	need := 0
-	if w.acks >= 0 {
+	var nerr error // a strict wait on a master that cannot be counted
+	if w.acks >= 0 && s.kind == writes {
 		n := w.node(addr)
 		if w.due(n) {
 			w.probe(ctx, target, n)
 		}
-		need = w.need(n)
+		need, nerr = w.need(n)
 	}
 	pending := calls
 	for attempt := 0; len(pending) > 0 && attempt < 2; attempt++ {
 		pipe := target.Pipeline()
 		for _, c := range pending {
 			if attempt == 0 {
-				c.cmd = s.EvalSha(ctx, pipe, c.keys, c.args...)
+				c.cmd = s.rs.EvalSha(ctx, pipe, c.keys, c.args...)
 			} else {
-				c.cmd = s.Eval(ctx, pipe, c.keys, c.args...)
+				c.cmd = s.rs.Eval(ctx, pipe, c.keys, c.args...)
 			}
 		}
 		var wait *redis.IntCmd
@@ -110,6 +111,8 @@ func (w *replicaWait) runChunk(ctx context.Context, rdb redis.UniversalClient, t
 				c.cmd, c.werr = w.run(ctx, rdb, c.route, s, c.keys, c.args...)
 			case err == nil && wait != nil:
 				c.werr = waitError(wait, need, w.timeout)
+			case err == nil:
+				c.werr = nerr
 			}
 		}
 		pending = again

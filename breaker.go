@@ -1,14 +1,10 @@
 package herd
 
 import (
-	"context"
 	"errors"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // breaker is the Cache's circuit breaker on Redis. After threshold
@@ -94,47 +90,4 @@ func (b *breaker) failure() (opened bool) {
 	}
 	b.probing = false
 	return opened
-}
-
-// infraCodes are the error codes of replies that mean the server cannot
-// serve right now.
-var infraCodes = []string{"LOADING", "READONLY", "CLUSTERDOWN", "TRYAGAIN", "MASTERDOWN", "BUSY"}
-
-// scriptErrorPrefix starts the reply of a script whose redis.call failed,
-// before Redis 7.0: "ERR Error running script (call to f_<sha>):
-// @user_script:12: @user_script: 12: -READONLY You can't write against a
-// read only replica." Redis 7.0 replies with the command's own code first
-// ("READONLY You can't write ... script: <sha>, on @user_script:12.").
-const scriptErrorPrefix = "ERR Error running script"
-
-// isInfraError tells an unreachable or unhealthy Redis from an answer:
-// redis.Nil and ordinary error replies (WRONGTYPE, a script error) are
-// answers; network errors, timeouts and replies that mean the server
-// cannot serve right now are infrastructure errors, also when a script's
-// command got them and Redis before 7.0 wrapped them in an ERR.
-func isInfraError(err error) bool {
-	if err == nil || errors.Is(err, redis.Nil) {
-		return false
-	}
-	if errors.Is(err, context.Canceled) {
-		return false // our own Close, not Redis
-	}
-	var re redis.Error
-	if errors.As(err, &re) {
-		msg := re.Error()
-		if strings.HasPrefix(msg, scriptErrorPrefix) {
-			// The command's reply follows the last location, with or
-			// without its "-".
-			if i := strings.LastIndex(msg, ": "); i >= 0 {
-				msg = strings.TrimPrefix(msg[i+2:], "-")
-			}
-		}
-		for _, p := range infraCodes {
-			if strings.HasPrefix(msg, p) {
-				return true
-			}
-		}
-		return false
-	}
-	return true
 }

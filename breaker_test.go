@@ -9,6 +9,7 @@ import (
 )
 
 func TestBreakerTransitions(t *testing.T) {
+	t.Parallel()
 	b := &breaker{threshold: 2, cooldown: time.Hour}
 	passCooldown := func() { b.mu.Lock(); b.openUntil = time.Now().Add(-time.Millisecond); b.mu.Unlock() }
 	if !b.allow() || b.success() {
@@ -58,6 +59,7 @@ func TestBreakerTransitions(t *testing.T) {
 // that forgot to) is presumed lost after a cooldown, and the next call
 // probes: the breaker cannot stay shut for good.
 func TestBreakerProbeLostIsReplaced(t *testing.T) {
+	t.Parallel()
 	b := &breaker{threshold: 1, cooldown: time.Hour}
 	b.failure()
 	b.mu.Lock()
@@ -86,6 +88,7 @@ func TestBreakerProbeLostIsReplaced(t *testing.T) {
 // reply (not an infrastructure error), the probe reported nothing and the
 // breaker stayed in probing: every later call loaded locally, for good.
 func TestBreakerClosesAfterRefreshProbeErrorReply(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	closed := make(chan struct{}, 1)

@@ -25,6 +25,7 @@ func shortTimeouts(o *redis.Options) {
 // D13: Redis down is not an outage. The Cache fails open to local loads,
 // one per key per process, and recovers by itself when Redis is back.
 func TestCacheRedisDownFailOpen(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, shortTimeouts)
 	c := newTestCache(t, rdb, &Options{BreakerThreshold: 2, BreakerCooldown: 100 * time.Millisecond})
@@ -83,6 +84,7 @@ func TestCacheRedisDownFailOpen(t *testing.T) {
 
 // FailClosed returns ErrUnavailable within the client's timeouts.
 func TestCacheRedisDownFailClosed(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, shortTimeouts)
 	c := newTestCache(t, rdb, &Options{FailClosed: true})
@@ -104,6 +106,7 @@ func TestCacheRedisDownFailClosed(t *testing.T) {
 // D13: a paused (unresponsive) Redis: callers return within the client's
 // read timeout plus the load.
 func TestCacheRedisPaused(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, shortTimeouts)
 	c := newTestCache(t, rdb, nil)
@@ -124,6 +127,7 @@ func TestCacheRedisPaused(t *testing.T) {
 // while they wait: go-redis reconnects and resubscribes, and the
 // confirmation makes them look again (or their poll does).
 func TestCachePubSubKilled(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()
@@ -190,7 +194,7 @@ func TestCacheClose(t *testing.T) {
 		_, err := other.Get(ctx, "inflight", time.Minute, g.load)
 		followerErr <- err
 	}()
-	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return other.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return other.Stats().Waits == 1 })
 
 	if err := c.Close(); err != nil {
 		t.Errorf("Close: %v", err)
@@ -230,6 +234,7 @@ func TestCacheClose(t *testing.T) {
 // D04: a leader that dies without releasing blocks the key for its lease
 // and no longer: a waiting caller takes over and loads.
 func TestCacheTakeoverFromDeadLeader(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
@@ -262,6 +267,7 @@ func TestCacheTakeoverFromDeadLeader(t *testing.T) {
 // B takes over and writes; A's later commit is fenced, and the stored
 // value is B's, with the higher fence.
 func TestCachePrematureLeaseExpiry(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
@@ -301,6 +307,7 @@ func TestCachePrematureLeaseExpiry(t *testing.T) {
 // and writes; A's commit must not overwrite it (the fence counter was
 // re-seeded from the Redis clock, above every earlier token).
 func TestCacheRedisRestartMidRebuild(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	key := "restart"
@@ -347,6 +354,7 @@ func (n noPubSub) Subscribe(ctx context.Context, channels ...string) *redis.PubS
 // learns that the leader it waited for failed, from the failure marker,
 // instead of taking the lease over and calling the failing source again.
 func TestCacheFollowerWithoutPubSubLearnsFailure(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const lease = 2 * time.Second
 	opt := &Options{MinLease: lease, MaxLease: lease, DefaultLease: lease, WaitTimeout: 5 * lease,
@@ -371,7 +379,7 @@ func TestCacheFollowerWithoutPubSubLearnsFailure(t *testing.T) {
 		_, err := follower.Get(ctx, "k", time.Minute, failing)
 		res <- err
 	}()
-	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return follower.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return follower.Stats().Waits == 1 })
 	start := time.Now()
 	close(gate)
 	select {

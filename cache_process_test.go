@@ -163,7 +163,7 @@ func cpReports(t *testing.T, rdb redis.UniversalClient, prefix string, procs int
 // cpStatsLine formats the counters the tests talk about.
 func cpStatsLine(s Stats) string {
 	return fmt.Sprintf("hits=%d misses=%d leads=%d loads=%d follows=%d notified=%d polled=%d takeovers=%d fenced=%d loadErrors=%d localLoads=%d failOpen=%d waitTimeouts=%d commitErrors=%d breakerOpens=%d",
-		s.Hits, s.Misses, s.Leads, s.Loads, s.Follows, s.Notified, s.Polled, s.Takeovers, s.Fenced,
+		s.Hits, s.Misses, s.Leads, s.Loads, s.Waits, s.Notified, s.Polled, s.Takeovers, s.Fenced,
 		s.LoadErrors, s.LocalLoads, s.FailOpen, s.WaitTimeouts, s.CommitErrors, s.BreakerOpens)
 }
 
@@ -431,6 +431,7 @@ func (m *maxDuration) get() time.Duration { return time.Duration(m.v.Load()) }
 // notified, polled) are logged; follows not ended by the message are
 // logged per wave.
 func TestCacheWavesAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.Start(t)
 		cpRunWaves(t, "redis", []string{srv.Addr()}, srv.Client(t))
@@ -502,9 +503,9 @@ func cpRunWaves(t *testing.T, mode string, addrs []string, rdb redis.UniversalCl
 		for _, r := range reps {
 			wr := r.Waves[w]
 			maxLat = max(maxLat, wr.MaxLatency)
-			if ws := wr.Stats; ws.Follows != ws.Notified {
+			if ws := wr.Stats; ws.Waits != ws.Notified {
 				lost = append(lost, fmt.Sprintf("process %d: follows=%d notified=%d polled=%d hits=%d max latency %v",
-					r.Inst, ws.Follows, ws.Notified, ws.Polled, ws.Hits, wr.MaxLatency.Round(time.Millisecond)))
+					r.Inst, ws.Waits, ws.Notified, ws.Polled, ws.Hits, wr.MaxLatency.Round(time.Millisecond)))
 			}
 		}
 		if len(lost) > 0 {
@@ -523,7 +524,7 @@ func cpRunWaves(t *testing.T, mode string, addrs []string, rdb redis.UniversalCl
 			t.Logf("process %d log: %s", r.Inst, ln)
 		}
 		total.Loads += r.Stats.Loads
-		total.Follows += r.Stats.Follows
+		total.Waits += r.Stats.Waits
 		total.Notified += r.Stats.Notified
 		total.Polled += r.Stats.Polled
 		total.Takeovers += r.Stats.Takeovers
@@ -533,14 +534,14 @@ func cpRunWaves(t *testing.T, mode string, addrs []string, rdb redis.UniversalCl
 	t.Logf("%s: %d processes × %d goroutines, %d waves in %v; loads per wave %v; max Get latency %v",
 		mode, procs, g, waves, elapsed.Round(time.Millisecond), loadsPerWave, maxLat.Round(time.Millisecond))
 	t.Logf("%s: total follows=%d notified=%d polled=%d takeovers=%d fenced=%d localLoads=%d",
-		mode, total.Follows, total.Notified, total.Polled, total.Takeovers, total.Fenced, total.LocalLoads)
+		mode, total.Waits, total.Notified, total.Polled, total.Takeovers, total.Fenced, total.LocalLoads)
 	if total.Loads != waves || total.LocalLoads != 0 || total.Fenced != 0 {
 		t.Errorf("stats: %d loads under a lease (want %d), %d local loads, %d fenced commits (want 0)",
 			total.Loads, waves, total.LocalLoads, total.Fenced)
 	}
-	if total.Follows == 0 || total.Notified == 0 {
+	if total.Waits == 0 || total.Notified == 0 {
 		t.Errorf("no process followed another's rebuild or none was woken by a message: follows=%d notified=%d",
-			total.Follows, total.Notified)
+			total.Waits, total.Notified)
 	}
 }
 
@@ -626,6 +627,7 @@ func cacheWavesWorker(ctx context.Context, _ string) error {
 // slowest caller returns in under 1s: the failure message wakes the
 // followers (Guarantee 4), they do not wait out the lease.
 func TestCacheLoaderErrorAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	const procs, g, waves = 4, 20, 5
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
@@ -766,6 +768,7 @@ func cacheErrorsWorker(ctx context.Context, _ string) error {
 // callers get its value or (those that joined after its load began) the
 // newer one, and the cache keeps the second loader's.
 func TestCacheLeaderStall(t *testing.T) {
+	t.Parallel()
 	const procs, g = 2, 10
 	const lease = 400 * time.Millisecond
 	srv := redistest.Start(t)
@@ -854,7 +857,7 @@ func TestCacheLeaderStall(t *testing.T) {
 	// It normally followed the stalled leader and took over when the lease
 	// lapsed. (Only if it was descheduled for a whole lease before its
 	// first try could it have found the lease free and led at once.)
-	if ot.Follows == 1 && ot.Takeovers != 1 {
+	if ot.Waits == 1 && ot.Takeovers != 1 {
 		t.Errorf("taking-over process followed but did not take over: %s", cpStatsLine(ot))
 	}
 	firstVal := fmt.Sprintf("load-1-pid-%d", p.pids()[stalled])
@@ -998,6 +1001,7 @@ func cacheStallWorker(ctx context.Context, _ string) error {
 // it is dead, so each worker counts its own loads and writes its results
 // to a file.
 func TestCacheRedisKilledDuringWave(t *testing.T) {
+	t.Parallel()
 	const procs, g, waves = 3, 20, 4
 	srv := redistest.Start(t)
 	// The barriers and entry sets live on a second server that is never

@@ -16,24 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed scripts/commit.lua
-	commitLua    string
-	commitScript = redis.NewScript(commitLua)
-
-	//go:embed scripts/set.lua
-	setLua    string
-	setScript = redis.NewScript(setLua)
-
-	//go:embed scripts/invalidate.lua
-	invalidateLua    string
-	invalidateScript = redis.NewScript(invalidateLua)
-
-	// getScript is GET as a script, which a cluster client sends to the
-	// slot's master even when it routes reads to replicas.
-	getScript = redis.NewScript(`return redis.call('GET', KEYS[1])`)
-)
-
 // LoadFunc loads the value of a key from the source of truth. Its context
 // belongs to no caller: it ends after [Options.LoadTimeout] or on
 // [Cache.Close]. Return [ErrNotFound] (possibly wrapped) when the source
@@ -128,6 +110,11 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 	locker := NewLocker(rdb, &LockerOptions{Prefix: cfg.Prefix, PollMin: cfg.PollMin, PollMax: cfg.PollMax,
 		Observer: cfg.Observer, KeyClass: cfg.classLabel, Logger: cfg.Logger,
 		ReplicaAcks: cfg.ReplicaAcks, ReplicaTimeout: cfg.ReplicaTimeout})
+	// A master that cannot be counted costs the Cache its replica wait
+	// (logged once), not every miss its coalescing (see replicaWait).
+	repl := locker.cfg.repl
+	repl.owner, repl.strict = "Options", false
+	repl.warn = func(msg string, args ...any) { locker.cfg.sig.logRare(slog.LevelWarn, msg, args...) }
 	c := &Cache{
 		rdb:    rdb,
 		cfg:    cfg,
@@ -241,7 +228,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 				continue
 			}
 			recordOutcome(ctx, res.outcome)
-			c.sig.lookup(key, res.lookupOutcome(r.Shared))
+			c.reportLookup(key, res.lookupOutcome(r.Shared))
 			if r.Err != nil {
 				return nil, r.Err
 			}
@@ -353,7 +340,7 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 			// The index must cover the value from before it is written
 			// until after it expires: the value's PX counts from now.
 			deadline := time.Now().Add(hard)
-			if _, err := c.recordTags(ctx, keys.hash(), tags, hard, nil); err != nil {
+			if _, err := c.recordTags(ctx, keys.hash(), tags, hard, nil, c.cfg.MaxTagEntries); err != nil {
 				return err
 			}
 			hard = max(time.Until(deadline), time.Millisecond)
@@ -501,7 +488,7 @@ func (c *Cache) readValue(ctx context.Context, key string) ([]byte, error) {
 	if !c.masterReads {
 		return c.rdb.Get(ctx, key).Bytes()
 	}
-	s, err := getScript.Run(ctx, c.rdb, []string{key}).Text()
+	s, err := sendRead(ctx, c.rdb, getScript, []string{key}).Text()
 	if err != nil {
 		return nil, err
 	}
@@ -517,6 +504,15 @@ func (c *Cache) isClosed() bool {
 
 // Stats returns the Cache's counters since New.
 func (c *Cache) Stats() Stats { return c.stats.snapshot() }
+
+// reportLookup reports how one call was served to the Observer and
+// counts a follower's call in Stats.Follows, so that the two agree.
+func (c *Cache) reportLookup(key string, o Outcome) {
+	if o == OutcomeFollower {
+		c.stats.follows.Add(1)
+	}
+	c.sig.lookup(key, o)
+}
 
 // jitter shortens ttl by up to TTLJitter of it.
 func (c *Cache) jitter(ttl time.Duration) time.Duration {
@@ -540,8 +536,13 @@ func (c *Cache) log(level slog.Level, msg string, args ...any) {
 // with no early refresh due is one, since each sends its own GET; past
 // that (an early refresh included), concurrent Get callers of a key in
 // one process share one flight, which counts once, while each
-// [Cache.Begin] call is its own. A follower that finds the
-// rebuilt value counts as a follow, not as a hit. Loads and LocalLoads
+// [Cache.Begin] call is its own. Follows is the exception: it counts
+// callers, as [Observer.Lookup] reports them, not flights: every caller
+// served by another caller's rebuild, whether it joined a flight in this
+// process or its flight waited for another process (Waits counts those
+// flights). A follower that finds the rebuilt value counts as a follow,
+// not as a hit. docs/design.md ("Metrics: one name per count") maps each
+// field to its Prometheus and OpenTelemetry series. Loads and LocalLoads
 // count every run of a loader or [Fill], whatever its result; LoadErrors
 // and NotShared count some of them.
 type Stats struct {
@@ -555,7 +556,8 @@ type Stats struct {
 	NotShared    uint64 // loads whose value was not for sharing (ErrNotShared, Fill.Pass, a Fill value above MaxValueBytes): no failure
 	Passes       uint64 // Begin calls answered by a pass mark (Fill.Pass)
 	Leads        uint64 // flights that won the lease
-	Follows      uint64 // flights that waited on another process's rebuild
+	Follows      uint64 // callers served by another caller's rebuild: they joined a flight in this process, or their flight waited (Lookup's OutcomeFollower)
+	Waits        uint64 // flights that waited on another process's rebuild (Observer.Wait)
 	Takeovers    uint64 // followers that won the lease after the leader released or lapsed
 	LoadRetries  uint64 // follower flights that retried a failed load (Options.RetryFailedLoad, NoShare)
 	Notified     uint64 // waits ended by a wake-up message
@@ -563,8 +565,12 @@ type Stats struct {
 	WaitTimeouts uint64 // waits that spent their budget (Fallback applied)
 	Fenced       uint64 // commits rejected because the fence moved on (duplicate or stale rebuild) or a tag of the value was purged after the rebuild began
 	CommitErrors uint64 // commits that failed on a Redis error, or whose tags could not be recorded (the value was still returned)
-	FailOpen     uint64 // flights that loaded locally because Redis was unreachable
-	BreakerOpens uint64 // times the circuit breaker opened
+	// CommitsUnreplicated counts commits the master stored (and woke the
+	// waiters with) but too few replicas acknowledged within
+	// ReplicaTimeout: a failover may lose them. Not in CommitErrors.
+	CommitsUnreplicated uint64
+	FailOpen            uint64 // flights that loaded locally because Redis was unreachable
+	BreakerOpens        uint64 // times the circuit breaker opened
 
 	StaleServed      uint64 // stale values served within StaleFor
 	EarlyRefreshes   uint64 // fresh hits that started an early refresh (XFetch)
@@ -587,8 +593,10 @@ type Stats struct {
 type counters struct {
 	hits, negativeHits, misses, corrupt, loads, localLoads, loadErrors      atomic.Uint64
 	notShared, passes                                                       atomic.Uint64
-	leads, follows, takeovers, notified, polled, waitTimeouts, fenced       atomic.Uint64
+	leads, follows, waits, takeovers, notified, polled, waitTimeouts        atomic.Uint64
+	fenced                                                                  atomic.Uint64
 	commitErrors, failOpen, breakerOpens, loadRetries                       atomic.Uint64
+	commitsUnreplicated                                                     atomic.Uint64
 	staleServed, earlyRefreshes, refreshes, refreshErrors, refreshesDropped atomic.Uint64
 	nearHits, nearMisses, nearBypassed, nearInvalidations, nearFlushes      atomic.Uint64
 }
@@ -598,9 +606,9 @@ func (s *counters) snapshot() Stats {
 		Hits: s.hits.Load(), NegativeHits: s.negativeHits.Load(), Misses: s.misses.Load(),
 		Corrupt: s.corrupt.Load(), Loads: s.loads.Load(), LocalLoads: s.localLoads.Load(),
 		LoadErrors: s.loadErrors.Load(), NotShared: s.notShared.Load(), Passes: s.passes.Load(),
-		Leads: s.leads.Load(), Follows: s.follows.Load(),
+		Leads: s.leads.Load(), Follows: s.follows.Load(), Waits: s.waits.Load(),
 		Takeovers: s.takeovers.Load(), LoadRetries: s.loadRetries.Load(), Notified: s.notified.Load(), Polled: s.polled.Load(),
-		WaitTimeouts: s.waitTimeouts.Load(), Fenced: s.fenced.Load(), CommitErrors: s.commitErrors.Load(),
+		WaitTimeouts: s.waitTimeouts.Load(), Fenced: s.fenced.Load(), CommitErrors: s.commitErrors.Load(), CommitsUnreplicated: s.commitsUnreplicated.Load(),
 		FailOpen: s.failOpen.Load(), BreakerOpens: s.breakerOpens.Load(),
 		StaleServed: s.staleServed.Load(), EarlyRefreshes: s.earlyRefreshes.Load(),
 		Refreshes: s.refreshes.Load(), RefreshErrors: s.refreshErrors.Load(),

@@ -19,6 +19,7 @@ import (
 // TestCache runs the cache-aside suite on miniredis, a real redis-server
 // and a real 3-master Redis Cluster.
 func TestCache(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("StampedeOneProcess", func(t *testing.T) { testStampedeOneProcess(t, b) })
@@ -658,7 +659,7 @@ func testFollowersAcrossCaches(t *testing.T, b backend) {
 	waitFor(t, 5*time.Second, "followers to wait", func() bool {
 		n := 0
 		for _, f := range followers {
-			n += int(f.Stats().Follows)
+			n += int(f.Stats().Waits)
 		}
 		return n == 3
 	})
@@ -704,7 +705,7 @@ func testLargeValueNotInline(t *testing.T, b backend) {
 		v, _ := follower.Get(context.Background(), key, time.Minute, g.load)
 		res <- v
 	}()
-	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return follower.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return follower.Stats().Waits == 1 })
 	close(g.gate)
 	if v := <-res; string(v) != big {
 		t.Errorf("follower got %d bytes, want the 4096-byte value", len(v))

@@ -64,6 +64,7 @@ func tracked(c *calibrator, class string) bool {
 }
 
 func TestCalibBounds(t *testing.T) {
+	t.Parallel()
 	if got, want := calibBounds[0], 100*time.Microsecond; got != want {
 		t.Errorf("calibBounds[0] = %v, want %v", got, want)
 	}
@@ -99,6 +100,7 @@ func TestCalibBounds(t *testing.T) {
 // TestCalibForgetConstants checks the documented bounds against the model
 // they are derived from.
 func TestCalibForgetConstants(t *testing.T) {
+	t.Parallel()
 	w := 1 / (1 - math.Exp2(-1.0/calibHalfLifeLoads))
 	if math.Abs(calibMaxWeight-w) > 1e-9 {
 		t.Errorf("calibMaxWeight = %v, want %v", calibMaxWeight, w)
@@ -163,6 +165,7 @@ func (m refModel) tail(trim, minWeight float64) (time.Duration, bool) {
 // independently: the bucket of the sample at which the weight counted from
 // the slowest exceeds 2, or none below weight 5.
 func TestCalibratorTailMatchesModel(t *testing.T) {
+	t.Parallel()
 	ms := func(f float64) time.Duration { return time.Duration(f * float64(time.Millisecond)) }
 	tests := []struct {
 		name string
@@ -248,6 +251,7 @@ func TestCalibratorTailMatchesModel(t *testing.T) {
 }
 
 func TestCalibratorLeaseBounds(t *testing.T) {
+	t.Parallel()
 	cfg := calibration{} // defaults: Factor 2, Min 250ms, Max 30s, Default 5s
 	tests := []struct {
 		name     string
@@ -287,6 +291,7 @@ func TestCalibratorLeaseBounds(t *testing.T) {
 // TestCalibratorOutliersTrimmed: one or two slow rebuilds never move the
 // lease; three in a row do, but not three spread over minutes.
 func TestCalibratorOutliersTrimmed(t *testing.T) {
+	t.Parallel()
 	const fast, slow = 20 * time.Millisecond, 4 * time.Second
 	cfg := calibration{Factor: 2, Min: 10 * time.Millisecond, Max: 30 * time.Second, Default: time.Second}
 	fastLease := wantLease(cfg, calibBounds[calibBucket(fast)])
@@ -332,6 +337,7 @@ func TestCalibratorOutliersTrimmed(t *testing.T) {
 // number after calibForgetLoads, for every length of the fast history
 // before them.
 func TestCalibratorForgetsByLoads(t *testing.T) {
+	t.Parallel()
 	const fast, slow = 20 * time.Millisecond, 800 * time.Millisecond
 	cfg := calibration{Factor: 2, Min: 10 * time.Millisecond, Max: 30 * time.Second, Default: time.Second}
 	fastTail := calibBounds[calibBucket(fast)]
@@ -372,6 +378,7 @@ func TestCalibratorForgetsByLoads(t *testing.T) {
 // rebuild, slow samples of weight m stop counting after 2min·log2(m/2), and
 // a class's whole history weighs at most 2 after calibForgetTime.
 func TestCalibratorForgetsByTime(t *testing.T) {
+	t.Parallel()
 	const fast, slow = 20 * time.Millisecond, 4 * time.Second
 	cfg := calibration{Factor: 2, Min: 10 * time.Millisecond, Max: 30 * time.Second, Default: time.Second}
 	fastLease := wantLease(cfg, calibBounds[calibBucket(fast)])
@@ -447,6 +454,7 @@ func TestCalibratorForgetsByTime(t *testing.T) {
 // TestCalibratorNoPooledFallback: a class without data gets Default, however
 // many slow classes there are.
 func TestCalibratorNoPooledFallback(t *testing.T) {
+	t.Parallel()
 	c, _ := newTestCalibrator(calibration{Default: time.Second})
 	for i := range 20000 {
 		for range 6 {
@@ -467,6 +475,7 @@ func TestCalibratorNoPooledFallback(t *testing.T) {
 // TestCalibratorKeepsNoClassName: memory per class does not grow with the
 // name: the calibrator keeps no reference to it (issue 14 item 8).
 func TestCalibratorKeepsNoClassName(t *testing.T) {
+	t.Parallel()
 	c, _ := newTestCalibrator(calibration{})
 	var ptrs []weak.Pointer[byte]
 	for i := range 24 {
@@ -491,6 +500,7 @@ func TestCalibratorKeepsNoClassName(t *testing.T) {
 }
 
 func TestCalibratorMemoryBound(t *testing.T) {
+	t.Parallel()
 	const maxClasses = 1000
 	keys := 30_000 // P(a class survives) = (1 - 5/1000)^29000 ≈ e^-145
 	if testing.Short() {
@@ -536,6 +546,7 @@ func TestCalibratorMemoryBound(t *testing.T) {
 // counts once, also when its entry in the shared table was overwritten, and
 // for classes grouping several keys.
 func TestCalibratorRebuildCountedOnce(t *testing.T) {
+	t.Parallel()
 	c, _ := newTestCalibrator(calibration{})
 	approx := func(got, want float64) bool { return math.Abs(got-want) < 1e-3 }
 	for range 10 {
@@ -575,6 +586,7 @@ func TestCalibratorRebuildCountedOnce(t *testing.T) {
 // TestObserveLoadOnlySuccess: only loads that produced a value (or
 // ErrNotFound) are samples; failed, timed-out and panicked ones are not.
 func TestObserveLoadOnlySuccess(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { rdb.Close() })
@@ -601,6 +613,7 @@ func TestObserveLoadOnlySuccess(t *testing.T) {
 }
 
 func TestCalibratorConcurrent(t *testing.T) {
+	t.Parallel()
 	c := newCalibrator(calibration{MaxClasses: 16})
 	cfg := c.cfg
 	const workers, iters = 8, 5000
@@ -691,6 +704,7 @@ func TestObserveDeltaNoAllocs(t *testing.T) {
 }
 
 func TestNewCalibratorDefaults(t *testing.T) {
+	t.Parallel()
 	c := newCalibrator(calibration{})
 	want := calibration{Factor: 2, Min: 250 * time.Millisecond, Max: 30 * time.Second, Default: 5 * time.Second, MaxClasses: 10000}
 	if c.cfg != want {
@@ -703,6 +717,7 @@ func TestNewCalibratorDefaults(t *testing.T) {
 }
 
 func TestNewCalibratorPanics(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name string
 		cfg  calibration
@@ -745,6 +760,7 @@ func TestNewCalibratorPanics(t *testing.T) {
 // loads; a source failing fast drove a slow class's lease down to MinLease.
 // Failed, timed-out and panicked loads must not move the lease.
 func TestCalibrationFailedLoadIsNotASample(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), &Options{
 		LoadTimeout: 2 * time.Second,
@@ -819,6 +835,7 @@ func TestCalibrationFailedLoadIsNotASample(t *testing.T) {
 // slow rebuilds in a row raise the lease (a real shift), and fast loads
 // bring it back within calibForgetLoads.
 func TestCalibrationSlowBurstDecays(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), &Options{KeyClass: func(string) string { return "report" }})
 	ctx := context.Background()
@@ -857,6 +874,7 @@ func TestCalibrationSlowBurstDecays(t *testing.T) {
 // envelope it reads (a hit, a wake-up with and without the value, a
 // takeover), and counts each rebuild once however often it reads it.
 func TestCalibrationLearnsDeltaFromOtherCache(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	b := backend{name: "redis", rdb: rdb}
@@ -932,7 +950,7 @@ func TestCalibrationLearnsDeltaFromOtherCache(t *testing.T) {
 		go func() { v, err := c1.Get(ctx, key, time.Minute, g.load); leader <- result{v, err} }()
 		g.waitEntered(t)
 		go func() { v, err := c2.Get(ctx, key, time.Minute, fail); follower <- result{v, err} }()
-		waitFor(t, 5*time.Second, "the second Cache to follow", func() bool { return c2.Stats().Follows == 1 })
+		waitFor(t, 5*time.Second, "the second Cache to follow", func() bool { return c2.Stats().Waits == 1 })
 		waitSubscribedTB(t, b, mustKeys(t, key).channel, 1)
 		close(g.gate)
 		for name, ch := range map[string]chan result{"leader": leader, "follower": follower} {
@@ -968,7 +986,7 @@ func TestCalibrationLearnsDeltaFromOtherCache(t *testing.T) {
 		}
 		done := make(chan result, 1)
 		go func() { v, err := c2.Get(ctx, key, time.Minute, slowish); done <- result{v, err} }()
-		waitFor(t, 5*time.Second, "the second Cache to follow", func() bool { return c2.Stats().Follows == 1 })
+		waitFor(t, 5*time.Second, "the second Cache to follow", func() bool { return c2.Stats().Waits == 1 })
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -985,6 +1003,7 @@ func TestCalibrationLearnsDeltaFromOtherCache(t *testing.T) {
 // TestOnNoticeLearnsDelta: a wake-up message that carries the value counts
 // its rebuild, once, however many followers of this process receive it.
 func TestOnNoticeLearnsDelta(t *testing.T) {
+	t.Parallel()
 	mr := miniredis.RunT(t)
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	t.Cleanup(func() { rdb.Close() })

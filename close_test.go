@@ -13,6 +13,7 @@ import (
 // handed out before Close stay their holders': Extend and Release work.
 
 func TestLockerClosedRefusesCalls(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	l := NewLocker(rdb, nil)
@@ -48,6 +49,7 @@ func TestLockerClosedRefusesCalls(t *testing.T) {
 }
 
 func TestLockerCloseEndsWaitingAcquire(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	holder := newTestLocker(t, rdb, nil)
@@ -87,6 +89,7 @@ func TestLockerCloseEndsWaitingAcquire(t *testing.T) {
 }
 
 func TestCacheClosedRefusesCalls(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	c := New(rdb, nil)

@@ -59,6 +59,11 @@ func leaveOnDone[T any](ctx context.Context, track func() (done func(), ok bool)
 	return zero, ctx.Err()
 }
 
+// untracked is leaveOnDone's track for an owner without a Close (a
+// FencedStore): the call's goroutine ends with its round trip, bounded by
+// the client's timeouts.
+func untracked() (done func(), ok bool) { return func() {}, true }
+
 // endWith returns ctx, ended also when owner ends (a Cache's or Locker's
 // Close): for a round trip that outlives its caller (ctx is then
 // WithoutCancel of the caller's) but must not be retried by go-redis once

@@ -288,7 +288,8 @@
 // guarantee of [Cache.Invalidate]: once it returns, no rebuild that began
 // before it stores its value, whether or not its key was in the tag's
 // index yet. Each tag has an index in Redis (its own slot, bounded by
-// [Options.MaxTagEntries], expiring with its longest-lived value) of the
+// [Options.MaxTagEntries], expiring with its longest-lived value; keys
+// tagged with [SetMintedTags] take at most half of it) of the
 // keys whose values carry it, and remembers its last purge for two
 // minutes; a tagged commit first records its key in each index, which
 // refuses a rebuild that a purge of the tag came after (its value still
@@ -539,7 +540,8 @@
 // newlines and binary. A key's Redis names are PREFIX:{T}:ROLE, where T is
 // the base64url SHA-256 of the key: fixed length, no raw user bytes, and
 // one hash tag for all of a key's names, so in Redis Cluster they share a
-// slot and no key can pick or split it.
+// slot and no key can pick or split it. A lock's key, in every backend,
+// is also at most [MaxLockKeyBytes] long ([CheckLockKey]).
 //
 // Errors are sentinels compared with [errors.Is], and two types found
 // with [errors.As]: a loader's failure is a [*LoadError] in every process

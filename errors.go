@@ -9,7 +9,9 @@ import (
 // (the key, the Redis error) and sometimes joins them with a context error.
 var (
 	// ErrInvalidKey is returned, at once and without touching Redis, for an
-	// empty key. Any other string, binary included, is a valid key.
+	// empty key. Any other string, binary included, is a valid key of the
+	// cache; a lock's key must also be at most [MaxLockKeyBytes] long, in
+	// every lock backend ([CheckLockKey]).
 	ErrInvalidKey = errors.New("herd: invalid key")
 
 	// ErrInvalidTTL is returned, at once and without touching Redis, for a

@@ -4,8 +4,9 @@ package herd
 // Cache and a Locker through go-redis failover clients on a Sentinel set
 // (master, two replicas, three Sentinels) while the parent fails the
 // master over again and again: SENTINEL FAILOVER, kill -9, and SIGSTOP
-// past down-after-milliseconds, in turn. A FencedStore and the source of
-// truth live on a separate redis-server that never fails.
+// past down-after-milliseconds, in turn. The source of truth and one
+// FencedStore live on a separate redis-server that never fails; a second
+// FencedStore, and the records of a Job, live on the Sentinel set.
 //
 // Short mode (the default, in CI): 3 failovers (one of each kind), with
 // the default options. Full mode (HERD_SOAK=1): 21 failovers, with the
@@ -13,9 +14,12 @@ package herd
 // counts are only reported.
 //
 // Workload per process: lock holders take a 500ms lease on one of 4 keys
-// (TryAcquire), write the downstream FencedStore with its token, hold it
-// for 0-400ms (one in ten sleeps past the lease, a paused holder) and
-// write again, then release; cache goroutines Get (the loader reads the
+// (TryAcquire), write both downstream FencedStores with its token, hold
+// it for 0-400ms (one in ten sleeps past the lease, a paused holder) and
+// write again, then release; a job goroutine runs a Job of a 700ms period
+// (its lock a Locker on the Sentinel set, its records on the Sentinel
+// set's FencedStore) again and again, whose fn one time in ten outlives
+// its lease; cache goroutines Get (the loader reads the
 // key's version from the source) and, for the keys the process owns,
 // Set or Invalidate after an INCR of the version (writes of a key are
 // serialised in its owner process).
@@ -43,7 +47,17 @@ package herd
 //     during a failover remain possible, so these are asserted to be zero
 //     only outside the failover windows;
 //  5. undocumented errors: every error is herd's ("herd: " prefix, or
-//     errors.Is one of its sentinels).
+//     errors.Is one of its sentinels);
+//  6. fenced writes on the failed-over set: two leases whose writes it
+//     accepted with one token (as check 2); a write accepted after a
+//     write with a higher token was acknowledged (the deposed holder's
+//     write went through: the acknowledged one was lost); and, after each
+//     failover settles and at the end, a record whose fence on the master
+//     is below the highest token acknowledged so far;
+//  7. job periods: a period whose fn started again after a Run that
+//     reported it recorded (ran, nil) had ended, or two Runs reporting
+//     one period recorded. A Run that could not record its period says
+//     so (an error), and the period may then run again.
 
 import (
 	"bufio"
@@ -74,11 +88,23 @@ const (
 	foEnvAcks      = "HERD_FO_ACKS"      // ReplicaAcks
 )
 
+// foAckMax records an acknowledged fenced write on the source: the hash
+// field KEYS[1]/ARGV[1] is raised to the token ARGV[2] (decimal, as
+// fencedset.lua compares them).
+var foAckMax = redis.NewScript(`
+local top = redis.call('HGET', KEYS[1], ARGV[1])
+local tok = ARGV[2]
+if not top or #top < #tok or (#top == #tok and top < tok) then
+  redis.call('HSET', KEYS[1], ARGV[1], tok)
+end
+return 1`)
+
 const (
 	foLockKeys  = 4
 	foCacheKeys = 12
 	foLease     = 500 * time.Millisecond
 	foTTL       = time.Minute
+	foPeriod    = 700 * time.Millisecond
 )
 
 func init() {
@@ -87,12 +113,12 @@ func init() {
 
 // foRecord is one operation of a worker's history.
 type foRecord struct {
-	Kind  string // get, set, inval, lease, write (downstream)
+	Kind  string // get, set, inval, lease, write and fwrite (downstream), jobrun (fn started), job (Run returned)
 	Key   string
 	Proc  int
 	Start int64 // unix nanoseconds
 	End   int64
-	Ver   int64  // get: version returned; set/inval: version written
+	Ver   int64  // get: version returned; set/inval: version written; jobrun/job: the period's start
 	Tok   uint64 // lease, write
 	Lease string // lease, write, release: the lease's id (proc/seq)
 	Valid int64  // lease: its local validity (Lease.Deadline)
@@ -146,6 +172,7 @@ func failoverWorker(ctx context.Context, _ string) error {
 	locker := NewLocker(rdb, &LockerOptions{ReplicaAcks: acks})
 	defer locker.Close()
 	store := NewFencedStore(src, "down")
+	fstore := NewFencedStore(rdb, "fdown") // on the failed-over set
 
 	f, err := os.Create(filepath.Join(dir, fmt.Sprintf("history-%d.jsonl", proc)))
 	if err != nil {
@@ -194,6 +221,13 @@ func failoverWorker(ctx context.Context, _ string) error {
 					err := store.Set(ctx, key, l.Token(), []byte(id), 0)
 					record(foRecord{Kind: "write", Key: key, Start: s.UnixNano(), End: time.Now().UnixNano(),
 						Tok: l.Token(), Lease: id, OK: err == nil, Err: foErrClass(err), Msg: errText(err)})
+					s = time.Now()
+					err = fstore.Set(ctx, key, l.Token(), []byte(id), 0)
+					record(foRecord{Kind: "fwrite", Key: key, Start: s.UnixNano(), End: time.Now().UnixNano(),
+						Tok: l.Token(), Lease: id, OK: err == nil, Err: foErrClass(err), Msg: errText(err)})
+					if err == nil {
+						_ = foAckMax.Run(ctx, src, []string{"facked"}, key, strconv.FormatUint(l.Token(), 10)).Err()
+					}
 				}
 				write()
 				hold := time.Duration(rand.IntN(400)) * time.Millisecond
@@ -209,6 +243,27 @@ func failoverWorker(ctx context.Context, _ string) error {
 			}
 		})
 	}
+	wg.Go(func() { // the job
+		for !stopped() {
+			at := time.Now()
+			period := at.Truncate(foPeriod).UnixNano()
+			j := Job{Name: "job", Period: foPeriod, Lock: AnyLock(locker), Done: fstore, Lease: foLease,
+				Now: func() time.Time { return at }}
+			ran, err := j.Run(ctx, func(ctx context.Context, _ LeaseHandle) error {
+				s := time.Now()
+				record(foRecord{Kind: "jobrun", Key: "job", Start: s.UnixNano(), End: s.UnixNano(), Ver: period, OK: true})
+				work := time.Duration(20+rand.IntN(80)) * time.Millisecond
+				if rand.IntN(10) == 0 {
+					work = foLease + 200*time.Millisecond // outlives its lease, ignoring ctx
+				}
+				time.Sleep(work)
+				return nil
+			})
+			record(foRecord{Kind: "job", Key: "job", Start: at.UnixNano(), End: time.Now().UnixNano(), Ver: period,
+				OK: ran && err == nil, Err: foErrClass(err), Msg: errText(err)})
+			time.Sleep(time.Duration(rand.IntN(50)) * time.Millisecond)
+		}
+	})
 	for range 4 { // cache users
 		wg.Go(func() {
 			for !stopped() {
@@ -292,21 +347,28 @@ func errText(err error) string {
 
 // foCounts are the soak's findings.
 type foCounts struct {
-	Failovers                int
-	Ops                      int
-	Leases, Writes, Accepted int
-	AckedWrites              int
-	DuplicateTokens          int // check 1
-	OverlappingHolders       int // check 1b: two leases of a key valid at once
-	SharedDownstreamTokens   int // check 2
-	Undone                   int // check 3
-	StaleReads               int // check 4, all
-	StaleReadsOutside        int // check 4, outside failover windows
-	Undocumented             int // check 5
-	Errors                   map[string]int
+	Failovers                    int
+	Ops                          int
+	Leases, Writes, Accepted     int
+	AckedWrites                  int
+	DuplicateTokens              int // check 1
+	OverlappingHolders           int // check 1b: two leases of a key valid at once
+	SharedDownstreamTokens       int // check 2
+	FencedWrites, FencedAccepted int
+	FencedSharedTokens           int // check 6: as check 2, on the failed-over set
+	FencedDeposedAccepted        int // check 6: accepted after a higher token was acknowledged
+	FencedUndone                 int // check 6: a record's fence below an acknowledged token
+	JobRuns, JobsRecorded        int
+	JobPeriodsRunAgain           int // check 7
+	Undone                       int // check 3
+	StaleReads                   int // check 4, all
+	StaleReadsOutside            int // check 4, outside failover windows
+	Undocumented                 int // check 5
+	Errors                       map[string]int
 }
 
 func TestFailoverSoak(t *testing.T) {
+	t.Parallel()
 	full := os.Getenv("HERD_SOAK") == "1"
 	n := 3
 	if full {
@@ -319,6 +381,10 @@ func TestFailoverSoak(t *testing.T) {
 			"two holders at once":                            c.OverlappingHolders,
 			"downstream writes of two leases with one token": c.SharedDownstreamTokens,
 			"acknowledged writes undone":                     c.Undone,
+			"fenced writes of two leases with one token":     c.FencedSharedTokens,
+			"fenced writes of a deposed holder accepted":     c.FencedDeposedAccepted,
+			"acknowledged fenced writes undone":              c.FencedUndone,
+			"job periods run again after being recorded":     c.JobPeriodsRunAgain,
 			"stale reads outside failovers":                  c.StaleReadsOutside,
 			"undocumented errors":                            c.Undocumented,
 		} {
@@ -326,7 +392,7 @@ func TestFailoverSoak(t *testing.T) {
 				t.Errorf("%s: %d", name, v)
 			}
 		}
-		if c.AckedWrites == 0 || c.Accepted == 0 {
+		if c.AckedWrites == 0 || c.Accepted == 0 || c.FencedAccepted == 0 || c.JobsRecorded == 0 {
 			t.Errorf("the workload did nothing: %+v", c)
 		}
 	})
@@ -353,7 +419,7 @@ func runFailoverSoak(t *testing.T, failovers, acks int) foCounts {
 		foEnvSentinels+"="+strings.Join(s.SentinelAddrs(), ","), foEnvSource+"="+src.Addr(),
 		foEnvDir+"="+dir, foEnvProcs+"="+strconv.Itoa(procs), foEnvAcks+"="+strconv.Itoa(acks))
 
-	undone := 0
+	undone, fundone := 0, 0
 	var windows []foWindow
 	time.Sleep(2 * time.Second) // the workers start
 	for i := range failovers {
@@ -376,6 +442,11 @@ func runFailoverSoak(t *testing.T, failovers, acks int) foCounts {
 			t.Fatalf("HGETALL acked: %v", err)
 		}
 		undone += checkUndone(t, s.Master(t), acked)
+		facked, err := srcc.HGetAll(ctx, "facked").Result()
+		if err != nil {
+			t.Fatalf("HGETALL facked: %v", err)
+		}
+		fundone += checkFencedUndone(t, s.Master(t), facked)
 		t.Logf("failover %d (%s): settled after %v", i+1, kind, time.Since(start).Round(time.Millisecond))
 		time.Sleep(2 * time.Second) // load on a settled set
 	}
@@ -384,7 +455,12 @@ func runFailoverSoak(t *testing.T, failovers, acks int) foCounts {
 	}
 	w.wait(30 * time.Second)
 	c := checkFailoverHistories(t, dir, procs, windows, s.Master(t))
-	c.Failovers, c.Undone = failovers, c.Undone+undone
+	facked, err := srcc.HGetAll(ctx, "facked").Result()
+	if err != nil {
+		t.Fatalf("HGETALL facked: %v", err)
+	}
+	fundone += checkFencedUndone(t, s.Master(t), facked)
+	c.Failovers, c.Undone, c.FencedUndone = failovers, c.Undone+undone, c.FencedUndone+fundone
 	t.Logf("ReplicaAcks %d: %+v", acks, c)
 	return c
 }
@@ -414,6 +490,28 @@ func checkUndone(t *testing.T, m *redistest.Server, acked map[string]string) int
 	return n
 }
 
+// checkFencedUndone counts the records of the failed-over set's
+// FencedStore whose fence on the master is below the highest token a
+// write acknowledged before (acked was read first).
+func checkFencedUndone(t *testing.T, m *redistest.Server, acked map[string]string) int {
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	defer c.Close()
+	n := 0
+	for key, ts := range acked {
+		want, _ := strconv.ParseUint(ts, 10, 64)
+		keys, _ := makeKeys("fdown", key)
+		top, err := c.HGet(context.Background(), keys.record, "t").Uint64()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			t.Fatalf("HGET %s on the master: %v", keys.record, err)
+		}
+		if top < want {
+			t.Logf("undone: the fenced record %s has fence %d on the master, token %d was acknowledged", key, top, want)
+			n++
+		}
+	}
+	return n
+}
+
 func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWindow, master *redistest.Server) foCounts {
 	var recs []foRecord
 	for i := range procs {
@@ -436,6 +534,10 @@ func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWin
 	downstream := map[string]map[uint64]string{} // key → token → lease id accepted
 	var gets []foRecord
 	var writes []foRecord
+	fenced := map[string][]foRecord{}         // key → accepted fwrites
+	ftokens := map[string]map[uint64]string{} // key → token → lease id accepted
+	jobRuns := map[int64][]foRecord{}         // period → fn starts
+	jobDone := map[int64][]foRecord{}         // period → Runs that recorded it
 	for _, r := range recs {
 		if r.Err != "" && r.Err != "ErrLeaseHeld" && r.Err != "ErrFenced" && r.Err != "ErrLeaseLost" {
 			c.Errors[r.Kind+": "+r.Err]++
@@ -472,6 +574,29 @@ func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWin
 				t.Logf("downstream accepted token %d of %s from %s and %s", r.Tok, r.Key, other, r.Lease)
 			}
 			downstream[r.Key][r.Tok] = r.Lease
+		case "fwrite":
+			c.FencedWrites++
+			if !r.OK {
+				continue
+			}
+			c.FencedAccepted++
+			fenced[r.Key] = append(fenced[r.Key], r)
+			if ftokens[r.Key] == nil {
+				ftokens[r.Key] = map[uint64]string{}
+			}
+			if other, ok := ftokens[r.Key][r.Tok]; ok && other != r.Lease {
+				c.FencedSharedTokens++
+				t.Logf("the failed-over set's store accepted token %d of %s from %s and %s", r.Tok, r.Key, other, r.Lease)
+			}
+			ftokens[r.Key][r.Tok] = r.Lease
+		case "jobrun":
+			c.JobRuns++
+			jobRuns[r.Ver] = append(jobRuns[r.Ver], r)
+		case "job":
+			if r.OK {
+				c.JobsRecorded++
+				jobDone[r.Ver] = append(jobDone[r.Ver], r)
+			}
 		case "get":
 			if r.OK {
 				gets = append(gets, r)
@@ -533,6 +658,38 @@ func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWin
 				}
 			}
 			t.Logf("undone: the acknowledged %s of %s (written %s) is not on the final master", want, key, where)
+		}
+	}
+
+	// Fenced writes on the failed-over set: none accepted after a write
+	// with a higher token was acknowledged.
+	for _, ws := range fenced {
+		for _, w := range ws {
+			for _, o := range ws {
+				if o.Tok > w.Tok && o.End < w.Start {
+					c.FencedDeposedAccepted++
+					t.Logf("the failed-over set's store accepted %s's token %d after %s's token %d was acknowledged", w.Lease, w.Tok, o.Lease, o.Tok)
+					break
+				}
+			}
+		}
+	}
+	// Job periods: once a Run reported its period recorded, no fn of that
+	// period starts again, and no second Run reports it recorded.
+	for p, done := range jobDone {
+		if len(done) > 1 {
+			c.JobPeriodsRunAgain += len(done) - 1
+			t.Logf("period %d reported recorded by %d Runs", p, len(done))
+		}
+		first := done[0].End
+		for _, d := range done {
+			first = min(first, d.End)
+		}
+		for _, r := range jobRuns[p] {
+			if r.Start > first {
+				c.JobPeriodsRunAgain++
+				t.Logf("period %d ran again in process %d after a Run reported it recorded", p, r.Proc)
+			}
 		}
 	}
 

@@ -135,8 +135,8 @@ func newFaultRig(t *testing.T) *faultRig {
 // script by it) instead of a first NOSCRIPT and EVAL.
 func (r *faultRig) loadScripts() {
 	r.t.Helper()
-	for _, s := range []*redis.Script{acquireScript, extendScript, releaseScript, commitScript, setScript, invalidateScript} {
-		if err := s.Load(context.Background(), r.direct).Err(); err != nil {
+	for _, s := range []*script{acquireScript, extendScript, releaseScript, commitScript, setScript, invalidateScript} {
+		if err := s.rs.Load(context.Background(), r.direct).Err(); err != nil {
 			r.t.Fatal(err)
 		}
 	}
@@ -547,7 +547,7 @@ func TestFaultLatency(t *testing.T) {
 	if s.Loads != 3 || s.LocalLoads != 0 || s.Fenced != 0 || s.CommitErrors != 0 {
 		t.Errorf("Stats: loads=%d local=%d fenced=%d commitErrors=%d, want 3, 0, 0, 0", s.Loads, s.LocalLoads, s.Fenced, s.CommitErrors)
 	}
-	t.Logf("hits through %v latency: slowest %v; follows=%d hits=%d", latency, slowest.Round(time.Millisecond), s.Follows, s.Hits)
+	t.Logf("hits through %v latency: slowest %v; follows=%d hits=%d", latency, slowest.Round(time.Millisecond), s.Waits, s.Hits)
 	r.proxy.SetLatency(faultproxy.Downstream, 0)
 	r.finish()
 }
@@ -593,14 +593,14 @@ func TestFaultCommitCut(t *testing.T) {
 				caches = append(caches, r.cache(r.client(to), faultOptions(Options{WaitTimeout: 4 * faultLease})))
 			}
 			key := "commit-" + strings.ReplaceAll(tc.name, "/", "-")
-			sha := []byte(commitScript.Hash())
+			sha := []byte(commitScript.rs.Hash())
 			var fault *faultproxy.Fault
 			load := r.loader(key, func(n int64) {
 				if n != 1 {
 					return
 				}
 				// The two other Caches follow; then the commit is faulted.
-				until(5*time.Second, func() bool { return sumStats(caches...).Follows >= 2 })
+				until(5*time.Second, func() bool { return sumStats(caches...).Waits >= 2 })
 				if tc.lostReply {
 					fault = r.proxy.DropReply(sha)
 				} else {
@@ -652,7 +652,7 @@ func TestFaultLostReply(t *testing.T) {
 		a := r.cache(r.client(to), faultOptions(Options{}))
 		b := r.cache(r.direct, faultOptions(Options{WaitTimeout: 4 * faultLease}))
 		key := "lost-acquire"
-		fault := r.proxy.DropReply([]byte(acquireScript.Hash()))
+		fault := r.proxy.DropReply([]byte(acquireScript.rs.Hash()))
 		followed := make(chan result, 1)
 		load := r.loader(key, func(int64) {
 			go func() {
@@ -661,7 +661,7 @@ func TestFaultLostReply(t *testing.T) {
 				v, err := b.Get(WithOutcome(ctx, &o), key, time.Minute, r.loader(key, nil))
 				followed <- result{val: v, err: err, dur: time.Since(t0), outcome: o}
 			}()
-			until(5*time.Second, func() bool { return b.Stats().Follows == 1 })
+			until(5*time.Second, func() bool { return b.Stats().Waits == 1 })
 		})
 		m := r.watch(key)
 		t0 := time.Now()
@@ -689,7 +689,7 @@ func TestFaultLostReply(t *testing.T) {
 		if n := r.loadCount(key); n != 1 {
 			t.Errorf("origin calls = %d, want 1", n)
 		}
-		if s := a.Stats(); s.Leads != 1 || s.LocalLoads != 0 || s.FailOpen != 0 || s.Follows != 0 {
+		if s := a.Stats(); s.Leads != 1 || s.LocalLoads != 0 || s.FailOpen != 0 || s.Waits != 0 {
 			t.Errorf("leader Stats: %s, want it led once, without fail-open", cpStatsLine(s))
 		}
 		r.checkStored(key, 1)
@@ -703,7 +703,7 @@ func TestFaultLostReply(t *testing.T) {
 		a := r.cache(r.client(to), faultOptions(Options{}))
 		b := r.cache(r.direct, faultOptions(Options{WaitTimeout: 4 * faultLease}))
 		key := "lost-release"
-		fault := r.proxy.DropReply([]byte(releaseScript.Hash()))
+		fault := r.proxy.DropReply([]byte(releaseScript.rs.Hash()))
 		followed := make(chan result, 1)
 		channel := mustKeys(t, key).channel
 		failing := func(context.Context) ([]byte, error) {
@@ -716,7 +716,7 @@ func TestFaultLostReply(t *testing.T) {
 			// failure is published, or it misses the message and, on its
 			// subscription's confirmation, takes over the free lease.
 			until(5*time.Second, func() bool {
-				return b.Stats().Follows == 1 && r.direct.PubSubNumSub(ctx, channel).Val()[channel] == 1
+				return b.Stats().Waits == 1 && r.direct.PubSubNumSub(ctx, channel).Val()[channel] == 1
 			})
 			return nil, errors.New("source down")
 		}
@@ -753,7 +753,7 @@ func TestFaultLostReply(t *testing.T) {
 		a := r.cache(r.client(to), faultOptions(Options{}))
 		b := r.cache(r.direct, faultOptions(Options{WaitTimeout: 4 * faultLease}))
 		key := "lost-acquire-noretry"
-		fault := r.proxy.DropReply([]byte(acquireScript.Hash()))
+		fault := r.proxy.DropReply([]byte(acquireScript.rs.Hash()))
 		var o Outcome
 		t0 := time.Now()
 		v, err := a.Get(WithOutcome(ctx, &o), key, time.Minute, r.loader(key, nil))
@@ -892,7 +892,7 @@ func TestFaultRedisRestartMidWave(t *testing.T) {
 	m := r.watch(key)
 	done := startWave(context.Background(), caches, 5, key, load)
 	waitFor(t, 10*time.Second, "the leader to load and the others to follow", func() bool {
-		return r.loadCount(key) == 1 && sumStats(caches...).Follows == 2
+		return r.loadCount(key) == 1 && sumStats(caches...).Waits == 2
 	})
 	var leader int
 	for i, c := range caches {
@@ -948,7 +948,7 @@ func TestFaultRedisPaused(t *testing.T) {
 	paused := make(chan struct{})
 	load := r.loader(key, func(n int64) {
 		if n == 1 {
-			until(5*time.Second, func() bool { return b.Stats().Follows == 1 })
+			until(5*time.Second, func() bool { return b.Stats().Waits == 1 })
 			<-paused
 		}
 	})
@@ -957,7 +957,7 @@ func TestFaultRedisPaused(t *testing.T) {
 	doneA := startWave(ctx, []*Cache{a}, 5, key, load)
 	waitFor(t, 10*time.Second, "the leader to load", func() bool { return r.loadCount(key) == 1 })
 	doneB := startWave(ctx, []*Cache{b}, 5, key, load)
-	waitFor(t, 10*time.Second, "the other Cache to follow", func() bool { return b.Stats().Follows == 1 })
+	waitFor(t, 10*time.Second, "the other Cache to follow", func() bool { return b.Stats().Waits == 1 })
 	r.srv.Pause(t)
 	pausedAt := time.Now()
 	close(paused) // the leader returns and commits into the frozen server
@@ -1014,7 +1014,7 @@ func TestFaultDelayedWrite(t *testing.T) {
 		key := "delayed-commit"
 		load := r.loader(key, func(n int64) {
 			if n == 1 {
-				until(5*time.Second, func() bool { return b.Stats().Follows == 1 })
+				until(5*time.Second, func() bool { return b.Stats().Waits == 1 })
 				r.proxy.SetLatency(faultproxy.Upstream, 3*faultLease)
 			}
 		})

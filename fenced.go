@@ -11,12 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed scripts/fencedset.lua
-	fencedSetLua    string
-	fencedSetScript = redis.NewScript(fencedSetLua)
-)
-
 // FencedStore is a Redis-backed resource that enforces fencing tokens: a
 // write is accepted only when its token is at least the highest token the
 // record has seen. It closes the classic hole of lease-based mutual
@@ -29,14 +23,25 @@ var (
 // github.com/herdkit/herd/lock/postgres), as long as one record is written
 // with the tokens of one lock name.
 //
-// Equal tokens are accepted, so a holder may write more than once and a
-// retried write is idempotent. The highest token lives with the record:
-// when the record expires or is deleted, the history goes with it.
+// Equal tokens are accepted: tokens are unique per acquisition, so an
+// equal token is the same holding writing again; a holder may write more
+// than once, and a retried write is idempotent. The FencedTable of
+// lock/postgres and lock/mysql follow the same rule; docs/locks.md
+// ("Fencing tokens") explains it, and the tokens' values. The highest
+// token lives with the record: when the record expires or is deleted,
+// the history goes with it.
+//
+// A write waits for the master's replicas, as the Locker's fence-advancing
+// writes do by default (see [LockerOptions].ReplicaAcks 0: every replica
+// the master had attached in the last minute): Set returns nil only once
+// they have it, so a failover cannot undo an accepted write and let a
+// deposed holder's older token in after it.
 //
 // A FencedStore is safe for concurrent use.
 type FencedStore struct {
 	rdb    redis.UniversalClient
 	prefix string
+	writes *replicaWait
 }
 
 // NewFencedStore returns a FencedStore in rdb under prefix (empty means
@@ -50,14 +55,50 @@ func NewFencedStore(rdb redis.UniversalClient, prefix string) *FencedStore {
 		prefix = DefaultPrefix
 	}
 	checkPrefix(prefix)
-	return &FencedStore{rdb: rdb, prefix: prefix}
+	w := resolveReplicaWait("FencedStore", 0, 0)
+	w.fitReadTimeout(rdb)
+	return &FencedStore{rdb: rdb, prefix: prefix, writes: w}
+}
+
+// WithReplicaWait returns a copy of s whose writes wait for acks replicas,
+// each wait for at most timeout, as [LockerOptions].ReplicaAcks and
+// ReplicaTimeout do for the Locker: 0 (the default) waits for every
+// replica the process saw attached to the master in the last minute,
+// which needs the Redis user to be allowed INFO (without it every write
+// is reported not replicated, with an error that says so); a positive
+// acks waits for that many; -1 never waits. A timeout of 0 is the
+// default, 250ms; it is cut to half the client's ReadTimeout. It panics
+// on an acks below -1 or a negative timeout.
+func (s *FencedStore) WithReplicaWait(acks int, timeout time.Duration) *FencedStore {
+	w := resolveReplicaWait("FencedStore", acks, timeout)
+	w.fitReadTimeout(s.rdb)
+	c := *s
+	c.writes = w
+	return &c
+}
+
+// fencedKeyQuote is how much of a key a FencedStore's error quotes.
+const fencedKeyQuote = 64
+
+// keyText is key as a FencedStore's errors quote it: whole up to
+// fencedKeyQuote bytes, else its start and its length.
+func keyText(key string) string {
+	if len(key) <= fencedKeyQuote {
+		return strconv.Quote(key)
+	}
+	return fmt.Sprintf("%q… (%d bytes)", cutText(key, fencedKeyQuote), len(key))
 }
 
 // Set stores val under key if token is at least the highest token seen for
-// key, in one round trip. It returns an error wrapping [ErrFenced] when a
-// higher token has written. A ttl of zero keeps the record until it is
+// key, in one round trip (with the replica wait). It returns an error
+// wrapping [ErrFenced], with the record's fence and token, when a higher
+// token has written, and one wrapping
+// [ErrNotReplicated] when the master stored val but too few replicas
+// acknowledged it in time: a failover may still undo that write, so treat
+// it as not done (a retry with the same token is idempotent). A ttl of zero keeps the record until it is
 // overwritten; a negative ttl is [ErrInvalidTTL]; an empty key is
-// [ErrInvalidKey].
+// [ErrInvalidKey]. When ctx ends first, Set returns ctx's error at once
+// (wrapped); the write may still land, so treat it as not known.
 func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []byte, ttl time.Duration) error {
 	if ttl < 0 || (ttl > 0 && ttl < time.Millisecond) {
 		return fmt.Errorf("%w: %v (must be 0 or at least 1ms)", ErrInvalidTTL, ttl)
@@ -66,17 +107,35 @@ func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []b
 	if err != nil {
 		return err
 	}
-	res, err := fencedSetScript.Run(ctx, s.rdb, []string{keys.record},
-		strconv.FormatUint(token, 10), val, ttl.Milliseconds()).Slice()
+	type sent struct {
+		cmd  *redis.Cmd
+		werr error
+	}
+	// The caller leaves when ctx ends; the round trip goes on (go-redis
+	// waits for a reply it was sent, up to the client's ReadTimeout), so
+	// the write may still land, as a Cache's Set may.
+	r, err := leaveOnDone(ctx, untracked, func() (sent, error) {
+		cmd, werr := s.writes.run(ctx, s.rdb, keys.record, fencedSetScript, []string{keys.record},
+			strconv.FormatUint(token, 10), val, ttl.Milliseconds())
+		return sent{cmd, werr}, nil
+	}, nil)
 	if err != nil {
-		return fmt.Errorf("herd: fenced set %q: %w", key, err)
+		return fmt.Errorf("herd: fenced set %s: %w", keyText(key), err)
+	}
+	cmd, werr := r.cmd, r.werr
+	res, err := cmd.Slice()
+	if err != nil {
+		return fmt.Errorf("herd: fenced set %s: %w", keyText(key), err)
 	}
 	ok, top, err := parsePair(res)
 	if err != nil {
-		return fmt.Errorf("herd: fenced set %q: %w", key, err)
+		return fmt.Errorf("herd: fenced set %s: %w", keyText(key), err)
 	}
 	if ok != 1 {
-		return fmt.Errorf("%w: %q: token %d is below %s", ErrFenced, key, token, top)
+		return fmt.Errorf("%w: %s: the record's fence is %s, above the write's token %d", ErrFenced, keyText(key), top, token)
+	}
+	if werr != nil {
+		return fmt.Errorf("herd: fenced set %s: stored on the master, not confirmed on its replicas: %w", keyText(key), werr)
 	}
 	return nil
 }
@@ -88,18 +147,20 @@ func (s *FencedStore) Get(ctx context.Context, key string) ([]byte, uint64, erro
 	if err != nil {
 		return nil, 0, err
 	}
-	res, err := s.rdb.HMGet(ctx, keys.record, "t", "v").Result()
+	res, err := leaveOnDone(ctx, untracked, func() ([]any, error) {
+		return s.rdb.HMGet(ctx, keys.record, "t", "v").Result()
+	}, nil)
 	if err != nil {
-		return nil, 0, fmt.Errorf("herd: fenced get %q: %w", key, err)
+		return nil, 0, fmt.Errorf("herd: fenced get %s: %w", keyText(key), err)
 	}
 	t, tok := res[0].(string)
 	v, val := res[1].(string)
 	if !tok || !val {
-		return nil, 0, fmt.Errorf("%w: %q", ErrNotFound, key)
+		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, keyText(key))
 	}
 	token, err := strconv.ParseUint(t, 10, 64)
 	if err != nil {
-		return nil, 0, fmt.Errorf("herd: fenced get %q: %w", key, errors.Join(ErrNotFound, err))
+		return nil, 0, fmt.Errorf("herd: fenced get %s: %w", keyText(key), errors.Join(ErrNotFound, err))
 	}
 	return []byte(v), token, nil
 }

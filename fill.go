@@ -202,7 +202,7 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 			timedOut = true // the budget is spent: Fallback applies
 			break
 		}
-		c.sig.lookup(key, OutcomeFollower) // waited for this process's Fill, whatever its end
+		c.reportLookup(key, OutcomeFollower) // waited for this process's Fill, whatever its end
 		return hit, nil, err
 	}
 	f := &flight{key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx, pre: pre}
@@ -213,7 +213,7 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 	} else {
 		val, err = c.run(f)
 	}
-	c.sig.lookup(key, f.outcome)
+	c.reportLookup(key, f.outcome)
 	switch {
 	case f.claim != nil || f.unleased:
 		return nil, c.newFill(f, f.claim), nil
@@ -331,6 +331,11 @@ func (c *Cache) abortOpenFills() {
 // Commit stores the value and wakes the other processes. An unleased Fill
 // (Redis unreachable, or the wait budget spent) serves only this process.
 func (fl *Fill) Leased() bool { return fl.lease != nil }
+
+// Unavailable reports whether this Fill is unleased because Redis could
+// not be reached (fail-open: the breaker is open, or the lookup failed),
+// rather than because the wait for another process's rebuild was spent.
+func (fl *Fill) Unavailable() bool { return fl.lease == nil && fl.f.redisDown }
 
 // Commit stores val for ttl, servable stale for staleFor afterwards, if
 // the Fill is leased and its fence is still current, and hands it to every
@@ -458,7 +463,7 @@ func (fl *Fill) Pass(cause error, ttl time.Duration) error {
 		c := fl.c
 		fl.countLoad(cause)
 		fl.lease.finish()
-		why := cutText(cause.Error())
+		why := cutText(cause.Error(), maxFailText)
 		// No Δ: a response that is not shared says nothing of how long a
 		// rebuild of the key takes.
 		env := c.newEnvelope(fl.lease.token, []byte(why), ttl, 0, 0)

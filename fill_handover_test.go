@@ -14,6 +14,7 @@ import (
 // another process both look again; exactly one of them leads, the other
 // gets its value, and no load error is counted anywhere.
 func TestFillHandover(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), nil)
 	other := newTestCache(t, srv.Client(t), nil)
@@ -39,7 +40,7 @@ func TestFillHandover(t *testing.T) {
 		out <- res{"remote", h, f, err}
 	}()
 	waitLocalWaiters(t, c, key, 1)
-	waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Waits == 1 })
 
 	fill.Handover()
 	fill.Abort(errors.New("too late")) // after Handover: no effect

@@ -15,6 +15,7 @@ import (
 // TestFill runs the Begin/Fill suite on miniredis, a real redis-server
 // and a real cluster.
 func TestFill(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("CommitThenHit", func(t *testing.T) { testFillCommitThenHit(t, b) })
@@ -79,7 +80,7 @@ func testFillWaiters(t *testing.T, b backend) {
 		}
 		remote <- res{h, err}
 	}()
-	waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Waits == 1 })
 	waitSubscribedTB(t, b, mustKeys(t, key).channel, 1)
 	waitLocalWaiters(t, c, key, 1)
 	if err := fill.Commit([]byte("shared"), time.Minute, 0); err != nil {
@@ -115,7 +116,7 @@ func testFillAbort(t *testing.T, b backend, want error) {
 		}
 		remote <- err
 	}()
-	waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Waits == 1 })
 	waitSubscribedTB(t, b, mustKeys(t, key).channel, 1)
 	waitLocalWaiters(t, c, key, 1)
 	start := time.Now()
@@ -201,6 +202,7 @@ func testFillBadCommit(t *testing.T, b backend) {
 // With Redis down, Begin hands out an unleased Fill, and callers in the
 // process share it.
 func TestFillRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t, shortTimeouts), nil)
 	srv.Stop(t)
@@ -227,6 +229,7 @@ func TestFillRedisDown(t *testing.T) {
 
 // A stale hit through Begin refreshes with the given function.
 func TestFillStaleRefresh(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	clk := newFakeClock()
 	c := withClock(newTestCache(t, srv.Client(t), nil), clk)
@@ -260,6 +263,7 @@ func TestFillStaleRefresh(t *testing.T) {
 // Close aborts open Fills: their watchdogs stop and another cache takes
 // the key over at once.
 func TestFillCloseAbortsOpenFills(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := New(srv.Client(t), nil)
 	other := newTestCache(t, srv.Client(t), nil)
@@ -273,7 +277,7 @@ func TestFillCloseAbortsOpenFills(t *testing.T) {
 		_, f, _ := other.Begin(ctx, "k", time.Minute, nil)
 		res <- f
 	}()
-	waitFor(t, 5*time.Second, "the other cache to follow", func() bool { return other.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "the other cache to follow", func() bool { return other.Stats().Waits == 1 })
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}

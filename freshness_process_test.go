@@ -324,6 +324,7 @@ func freshSteadyLoader(rdb *redis.Client, prefix string, sleep time.Duration) Lo
 //     but possibly the last (cut off at the end) is served: distinct
 //     values served = loads, −1 at most.
 func TestFreshnessSteadyLoadAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	const (
 		procs, g = 4, 20
 		ttl      = 400 * time.Millisecond
@@ -554,6 +555,7 @@ func freshFailLoader(rdb *redis.Client, prefix string) LoadFunc {
 //   - after the window the next refresh succeeds: a new value is served
 //     before the hard TTL, within 3 backoff steps of the clear.
 func TestFreshnessRefreshFailureAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	const (
 		procs, g = 4, 10
 		ttl      = 300 * time.Millisecond
@@ -798,7 +800,7 @@ func freshAddStats(sum *Stats, s Stats) {
 	sum.Loads += s.Loads
 	sum.LocalLoads += s.LocalLoads
 	sum.Leads += s.Leads
-	sum.Follows += s.Follows
+	sum.Waits += s.Waits
 	sum.Fenced += s.Fenced
 	sum.StaleServed += s.StaleServed
 	sum.Refreshes += s.Refreshes
@@ -808,7 +810,7 @@ func freshAddStats(sum *Stats, s Stats) {
 
 func freshStatsLine(s Stats) string {
 	return fmt.Sprintf("hits=%d staleServed=%d refreshes=%d refreshErrors=%d dropped=%d loads=%d leads=%d follows=%d misses=%d fenced=%d localLoads=%d",
-		s.Hits, s.StaleServed, s.Refreshes, s.RefreshErrors, s.RefreshesDropped, s.Loads, s.Leads, s.Follows, s.Misses, s.Fenced, s.LocalLoads)
+		s.Hits, s.StaleServed, s.Refreshes, s.RefreshErrors, s.RefreshesDropped, s.Loads, s.Leads, s.Waits, s.Misses, s.Fenced, s.LocalLoads)
 }
 
 // freshIntervals returns the times between consecutive loader starts

@@ -88,11 +88,11 @@ func (c *Cache) freshHit(key, vkey string, env envelope) (o Outcome, fresh, due 
 	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.fence, env.delta)
 	if env.negative {
 		c.stats.negativeHits.Add(1)
-		c.sig.lookup(key, OutcomeNegative)
+		c.reportLookup(key, OutcomeNegative)
 		return OutcomeNegative, true, false
 	}
 	c.stats.hits.Add(1)
-	c.sig.lookup(key, OutcomeHit)
+	c.reportLookup(key, OutcomeHit)
 	return OutcomeHit, true, false
 }
 

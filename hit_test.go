@@ -78,6 +78,7 @@ func (h *gateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // hold the others (with one shared lookup, the second caller waited for
 // the first one's reply, then sent its own).
 func TestHitDoesNotWaitForAnotherCallersGET(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	c := newTestCache(t, rdb, nil)
@@ -127,6 +128,7 @@ func TestHitDoesNotWaitForAnotherCallersGET(t *testing.T) {
 
 // A Get whose ctx has already ended returns its error without a command.
 func TestHitCancelledContext(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	c := newTestCache(t, rdb, nil)
@@ -147,6 +149,7 @@ func TestHitCancelledContext(t *testing.T) {
 // Redis gets its ctx error; its deadline is not a Redis failure, so the
 // breaker does not open and nothing loads locally.
 func TestHitCallerDeadlineIsNotARedisFailure(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) {
 		o.ContextTimeoutEnabled = true
@@ -179,6 +182,7 @@ func TestHitCallerDeadlineIsNotARedisFailure(t *testing.T) {
 
 // valueKey names the same Redis key as makeKeys.
 func TestValueKeyMatchesFamily(t *testing.T) {
+	t.Parallel()
 	for _, k := range []string{"a", "user:42", "{x}", string(make([]byte, 1000))} {
 		f, err := makeKeys("p", k)
 		if err != nil {

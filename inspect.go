@@ -7,14 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-)
-
-var (
-	//go:embed scripts/inspect.lua
-	inspectLua    string
-	inspectScript = redis.NewScript(inspectLua)
 )
 
 // Inspection is what herd keeps in Redis for one key, read at one instant
@@ -92,12 +84,12 @@ func (c *Cache) Inspect(ctx context.Context, key string) (*Inspection, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := inspectScript.Run(ctx, c.rdb, []string{k.value, k.lease, k.fence, k.failed, k.backoff, k.record}).Slice()
+	r, err := sendRead(ctx, c.rdb, inspectScript, []string{k.value, k.lease, k.fence, k.failed, k.backoff, k.record}).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("herd: inspect %q: %w", key, err)
 	}
 	if len(r) != 10 {
-		return nil, fmt.Errorf("herd: inspect %q: %d replies from the script, want 10", key, len(r))
+		return nil, fmt.Errorf("herd: inspect %q: %w: %d replies from the script, want 10", key, errBadReply, len(r))
 	}
 	in := &Inspection{Key: key, Name: k.value}
 	switch v := r[0].(type) {

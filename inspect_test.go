@@ -17,6 +17,7 @@ import (
 // load's marker, a negative entry, corrupt bytes and a FencedStore
 // record; and the errors for bad input and after Close.
 func TestInspect(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		rdb  func(t *testing.T) redis.UniversalClient

@@ -81,7 +81,8 @@ type FencedRecords interface {
 // progress; a Job is safe for concurrent use otherwise.
 type Job struct {
 	// Name names the job: the lock's key, and the record's key with
-	// ":done" appended. It must not be empty.
+	// ":done" appended. It must not be empty, nor longer than
+	// [MaxLockKeyBytes].
 	Name string
 
 	// Period is how often the job runs at most; it must be positive.
@@ -128,10 +129,17 @@ func Once(ctx context.Context, lock Lock[LeaseHandle], done FencedRecords, name 
 // or when fn did not need to run; otherwise it is:
 //
 //   - [ErrInvalidJob] for a nil fn, Lock or Done, or a Period of zero or
-//     less; [ErrInvalidJob] and [ErrInvalidKey] for an empty Name; then
-//     nothing is touched;
+//     less; [ErrInvalidJob] and [ErrInvalidKey] for an empty Name or one
+//     longer than [MaxLockKeyBytes] (the lock's key); then nothing is
+//     touched;
 //   - the lock's or the store's error (wrapped), such as ctx's error when
-//     ctx ended before fn was called;
+//     ctx ended before fn was called (also during the acquire, whose error
+//     then wraps [ErrLeaseHeld] as well: ran is false and nothing was
+//     recorded);
+//   - an error wrapping [ErrNotReplicated] when the store could not
+//     confirm the claim (ran false: fn is not called) or the record (ran
+//     true: fn ran, but a failover may lose the record and the period run
+//     again) on the replicas; [FencedStore] waits for them;
 //   - fn's error (wrapped, and joined with [ErrLeaseLost] when the lease
 //     was lost), with ran true: nothing was recorded;
 //   - an error wrapping [ErrFenced], when a newer holder claimed the
@@ -165,6 +173,15 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	// lease) leaves the lease to run to its own end.
 	capAt := time.Now().Add(maxHold)
 	lease, err := j.Lock.TryAcquire(ctx, j.Name, ttl)
+	if err != nil && ctx.Err() != nil {
+		// ctx ended during the acquire, which then wraps ErrLeaseHeld
+		// too: nobody is known to hold the lock, and the period is not
+		// recorded. That is ctx's error, not "another instance has it".
+		if !errors.Is(err, ctx.Err()) {
+			err = errors.Join(err, ctx.Err())
+		}
+		return false, fmt.Errorf("herd: job %q: %w", j.Name, err)
+	}
 	if errors.Is(err, ErrLeaseHeld) {
 		return false, nil
 	}
@@ -180,6 +197,8 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 		return false, err
 	}
 	if err := j.Done.Set(ctx, key, lease.Token(), last, 0); err != nil {
+		// Also when the claim is not on the replicas (ErrNotReplicated):
+		// fn does not run under a claim a failover may undo.
 		return false, fmt.Errorf("herd: job %q: claim the period: %w", j.Name, err)
 	}
 
@@ -198,6 +217,8 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 	defer cancel()
 	if err := j.Done.Set(rctx, key, lease.Token(), []byte(strconv.FormatInt(start.UnixNano(), 10)), 0); err != nil {
+		// A record the replicas did not acknowledge is ErrNotReplicated
+		// (FencedStore): a failover may lose it, and the period run again.
 		return true, fmt.Errorf("herd: job %q: record the period: %w", j.Name, err)
 	}
 	return true, nil
@@ -209,9 +230,9 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 // period recorded complete (the zero Time when none is). Run's (false,
 // nil) means either that the period is done or that another instance
 // holds the lock and may be running it now; Completed tells the two
-// apart. It returns [ErrInvalidJob] for an empty Name, a Period of zero
-// or less or a nil Done, and the store's error (wrapped) or an error for
-// a record that is not one of a Job's.
+// apart. It returns [ErrInvalidJob] for an empty or too long Name, a
+// Period of zero or less or a nil Done, and the store's error (wrapped)
+// or an error for a record that is not one of a Job's.
 func (j *Job) Completed(ctx context.Context) (done bool, last time.Time, err error) {
 	if err := j.checkRecord(); err != nil {
 		return false, time.Time{}, err
@@ -248,6 +269,9 @@ func (j *Job) checkRecord() error {
 	switch {
 	case j.Name == "":
 		return fmt.Errorf("%w: %w: empty name", ErrInvalidJob, ErrInvalidKey)
+	case len(j.Name) > MaxLockKeyBytes:
+		// The lock's key: checked here, so that no error quotes it whole.
+		return fmt.Errorf("%w: name: %w", ErrInvalidJob, CheckLockKey(j.Name))
 	case j.Period <= 0:
 		return fmt.Errorf("%w %q: period %v (must be positive)", ErrInvalidJob, j.Name, j.Period)
 	case j.Done == nil:

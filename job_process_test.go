@@ -37,6 +37,7 @@ const (
 // period that ran ran exactly once in the fleet. (With TryAcquire and a
 // deferred Release alone, each period would run about 15 times.)
 func TestJobOncePerPeriodAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
@@ -131,6 +132,7 @@ func jobTickerWorker(ctx context.Context, _ string) error {
 // ignores its ctx would, and records: its record is refused with
 // ErrFenced. The period is recorded once, by B's token.
 func TestJobPausedHolderFencedAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // jobRig is one real redis-server with a Locker and a FencedStore on it,
@@ -49,6 +52,7 @@ func counting(n *atomic.Int64, err error) JobFunc {
 // TestJobOncePerPeriod: a second Run in the same period (another instance
 // after the first finished) does not run the job; the next period does.
 func TestJobOncePerPeriod(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	j := r.job(t)
 	ctx := context.Background()
@@ -79,6 +83,7 @@ func TestJobOncePerPeriod(t *testing.T) {
 // TestJobHeldLockDoesNotRun: while another instance holds the job's lock,
 // Run returns (false, nil) without calling the job.
 func TestJobHeldLockDoesNotRun(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	j := r.job(t)
 	ctx := context.Background()
@@ -101,6 +106,7 @@ func TestJobHeldLockDoesNotRun(t *testing.T) {
 // TestJobErrorNotRecorded: a failed run records nothing, so the next tick
 // runs the job again; once it succeeds the period is done.
 func TestJobErrorNotRecorded(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	j := r.job(t)
 	ctx := context.Background()
@@ -125,6 +131,7 @@ func TestJobErrorNotRecorded(t *testing.T) {
 // one that ends during the job ends the job's ctx, and nothing is
 // recorded.
 func TestJobContextCancel(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	j := r.job(t)
 	var runs atomic.Int64
@@ -156,6 +163,7 @@ func TestJobContextCancel(t *testing.T) {
 // MaxHold stops the renewals, so it runs out), the job's ctx ends with
 // cause ErrLeaseLost, Run's error wraps it and nothing is recorded.
 func TestJobLeaseLostEndsJobContext(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	j := r.job(t)
 	j.Lease, j.MaxHold = 300*time.Millisecond, 300*time.Millisecond
@@ -191,6 +199,7 @@ func TestJobLeaseLostEndsJobContext(t *testing.T) {
 // refused with ErrFenced, because B's claim raised the token. B records
 // the period; a third instance then finds it done.
 func TestJobOlderHolderFenced(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	ctx := context.Background()
 	a := r.job(t)
@@ -270,6 +279,7 @@ func runUntilRan(j *Job, fn JobFunc) (bool, error) {
 // TestJobBadInput: every invalid Job or func is a clear error at once, and
 // nothing runs.
 func TestJobBadInput(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	fn := func(context.Context, LeaseHandle) error {
 		t.Error("the job ran")
@@ -282,6 +292,7 @@ func TestJobBadInput(t *testing.T) {
 		want []error
 	}{
 		{"empty name", Job{Period: time.Hour, Lock: r.locks, Done: r.done}, fn, []error{ErrInvalidJob, ErrInvalidKey}},
+		{"name above MaxLockKeyBytes", Job{Name: strings.Repeat("j", 6<<20/5), Period: time.Hour, Lock: r.locks, Done: r.done}, fn, []error{ErrInvalidJob, ErrInvalidKey}},
 		{"zero period", Job{Name: "j", Lock: r.locks, Done: r.done}, fn, []error{ErrInvalidJob}},
 		{"negative period", Job{Name: "j", Period: -time.Second, Lock: r.locks, Done: r.done}, fn, []error{ErrInvalidJob}},
 		{"nil func", Job{Name: "j", Period: time.Hour, Lock: r.locks, Done: r.done}, nil, []error{ErrInvalidJob}},
@@ -295,8 +306,11 @@ func TestJobBadInput(t *testing.T) {
 			}
 			for _, w := range tc.want {
 				if !errors.Is(err, w) {
-					t.Errorf("err %v, want it to wrap %v", err, w)
+					t.Errorf("err %.300v, want it to wrap %v", err, w)
 				}
+			}
+			if len(err.Error()) >= 300 {
+				t.Errorf("an error of %d bytes, want under 300: %.300s", len(err.Error()), err)
 			}
 			t.Log(err)
 		})
@@ -308,6 +322,7 @@ func TestJobBadInput(t *testing.T) {
 
 // TestOnce: the function form runs once per period with the wall clock.
 func TestOnce(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	ctx := context.Background()
 	var runs atomic.Int64
@@ -327,6 +342,7 @@ func TestOnce(t *testing.T) {
 // period recorded, sees a later period as done (a clock behind), and
 // rejects a bad Job.
 func TestJobCompleted(t *testing.T) {
+	t.Parallel()
 	r := newJobRig(t)
 	j := r.job(t)
 	ctx := context.Background()
@@ -378,5 +394,125 @@ func TestJobCompleted(t *testing.T) {
 	}
 	if _, _, err := j.Completed(ctx); err == nil {
 		t.Error("Completed of a foreign record: nil error")
+	}
+}
+
+// cancelAfterGet is a record store that ends ctx after its first read:
+// the Job's acquire then runs on an ended ctx.
+type cancelAfterGet struct {
+	FencedRecords
+	cancel context.CancelFunc
+}
+
+func (s cancelAfterGet) Get(ctx context.Context, key string) ([]byte, uint64, error) {
+	v, tok, err := s.FencedRecords.Get(ctx, key)
+	s.cancel()
+	return v, tok, err
+}
+
+// TestJobRunReturnsCtxErrorWhenCtxEndsDuringTheAcquire: Run's promise
+// that it returns ctx's error when ctx ended before fn was called, also
+// when ctx ends during the acquire (whose error then wraps ErrLeaseHeld
+// too): not (false, nil), which says another instance holds the lock.
+func TestJobRunReturnsCtxErrorWhenCtxEndsDuringTheAcquire(t *testing.T) {
+	t.Parallel()
+	r := newJobRig(t)
+	j := r.job(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	j.Done = cancelAfterGet{FencedRecords: r.done, cancel: cancel}
+	var runs atomic.Int64
+	ran, err := j.Run(ctx, counting(&runs, nil))
+	if ran || runs.Load() != 0 || !errors.Is(err, context.Canceled) {
+		t.Errorf("Run with ctx ended during the acquire = %v, %v (%d runs), want false and context.Canceled", ran, err, runs.Load())
+	}
+}
+
+// TestJobRecordNotOnTheReplicasIsReported: Run's (true, nil) means the
+// period is recorded where a failover keeps it. A record the replicas do
+// not acknowledge (one replica stopped while fn runs) is reported as
+// ErrNotReplicated, with ran true.
+func TestJobRecordNotOnTheReplicasIsReported(t *testing.T) {
+	t.Parallel()
+	p := startReplicated(t)
+	locker := NewLocker(p.m, &LockerOptions{ReplicaTimeout: failoverReplicaTimeout})
+	defer locker.Close()
+	j := &Job{Name: "job-" + t.Name(), Period: time.Hour, Lock: AnyLock(locker), Done: NewFencedStore(p.m, "")}
+	ran, err := j.Run(context.Background(), func(context.Context, LeaseHandle) error {
+		p.replica.Pause(t)
+		return nil
+	})
+	defer p.replica.Resume(t)
+	if !ran || !errors.Is(err, ErrNotReplicated) {
+		t.Errorf("Run whose record no longer reaches a replica = %v, %v, want true and ErrNotReplicated", ran, err)
+	}
+}
+
+// TestJobRunsOncePerPeriodAcrossAFailover: Job's promise, "at most once
+// per period across the fleet" across a failover, or Run says it could
+// not record the period. Instance A runs the job for one period with both
+// replicas attached, then both replicas leave the master (the link cut,
+// the master still writable) and A runs the next period; the first
+// replica is promoted and instance B runs that period there. A's Run is
+// refused (ErrNotReplicated) and the period runs once, on B: with the
+// default user (its process remembers the 2 replicas for a minute), and
+// with a user that may not run INFO (no @dangerous) given the count. With
+// that user and the default count, no Run can confirm its claim: the
+// first is refused with an error that names the fix.
+func TestJobRunsOncePerPeriodAcrossAFailover(t *testing.T) {
+	t.Parallel()
+	for _, tc := range failoverUsers {
+		t.Run(tc.name, func(t *testing.T) {
+			p := startReplicated(t)
+			for _, c := range []*redis.Client{p.m, p.r, p.o} {
+				addAppUser(t, c)
+			}
+			ctx := context.Background()
+			clock := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
+			now := func() time.Time { return clock }
+			instance := func(addr string, acks int) *Job {
+				rdb := redis.NewClient(&redis.Options{Addr: addr, Username: tc.user, Password: tc.pw})
+				t.Cleanup(func() { rdb.Close() })
+				locker := NewLocker(rdb, &LockerOptions{ReplicaAcks: acks, ReplicaTimeout: failoverReplicaTimeout})
+				t.Cleanup(func() { locker.Close() })
+				store := NewFencedStore(rdb, "").WithReplicaWait(acks, failoverReplicaTimeout)
+				return &Job{Name: "job-" + t.Name(), Period: time.Hour, Lock: AnyLock(locker), Done: store, Now: now}
+			}
+			var runs atomic.Int64
+			a := instance(p.master.Addr(), tc.acks)
+			if tc.user != "" && tc.acks == 0 {
+				ran, err := a.Run(ctx, counting(&runs, nil))
+				if ran || !errors.Is(err, ErrNotReplicated) || !strings.Contains(err.Error(), "+info") {
+					t.Fatalf("a Run by a user without INFO, default count = %v, %v; want false and ErrNotReplicated naming +info", ran, err)
+				}
+				return
+			}
+			if ran, err := a.Run(ctx, counting(&runs, nil)); !ran || err != nil {
+				t.Fatalf("A's run of the first period with both replicas attached = %v, %v; want true, nil", ran, err)
+			}
+			p.sync(t)
+			p.cut(t)
+			clock = clock.Add(time.Hour)
+			runs.Store(0)
+			ranA, errA := a.Run(ctx, counting(&runs, nil))
+			p.promote(t)
+			bAcks := tc.acks
+			if bAcks > 0 {
+				bAcks = 1 // the promoted replica has the other one
+			}
+			b := instance(p.replica.Addr(), bAcks)
+			ranB, errB := b.Run(ctx, counting(&runs, nil))
+			if errB != nil {
+				t.Fatalf("B's run on the promoted replica: %v", errB)
+			}
+			if errA == nil && runs.Load() > 1 {
+				t.Fatalf("the second period ran %d times: A's Run said (%v, nil), ran and recorded, and after the failover B ran it again (ran %v)", runs.Load(), ranA, ranB)
+			}
+			if ranA && errA == nil {
+				t.Errorf("A's Run after both replicas left = (true, nil), want an error wrapping ErrNotReplicated")
+			} else if errA != nil && !errors.Is(errA, ErrNotReplicated) {
+				t.Errorf("A's Run after both replicas left = %v, %v; want ErrNotReplicated", ranA, errA)
+			}
+		})
 	}
 }

@@ -51,6 +51,7 @@ func FuzzMakeKeys(f *testing.F) {
 }
 
 func TestOptionsPanic(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		opt  LockerOptions
@@ -85,6 +86,7 @@ func TestOptionsPanic(t *testing.T) {
 // A key family's hash tag is T, the part between the braces of every
 // name: the member a tag index records.
 func TestKeyFamilyHash(t *testing.T) {
+	t.Parallel()
 	for _, key := range []string{"a", "{x}", "}{", "\x00\xff"} {
 		keys, err := makeKeys("p", key)
 		if err != nil {

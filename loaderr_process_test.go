@@ -81,6 +81,7 @@ const loadErrCause = "query users: db: connection reset"
 //
 // Each runs on one server and on a 3-master Cluster (sharded pub/sub).
 func TestLoadErrorAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.Start(t)
 		loadErrAcrossProcesses(t, "redis", []string{srv.Addr()}, srv.Client(t))

@@ -87,6 +87,7 @@ func recvOne[T any](t *testing.T, what string, ch <-chan T) T {
 // *ManyError; a key this instance's loader fails is a local one that
 // unwraps to the loader's error.
 func TestLoadErrorGetMany(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	a := newTestCache(t, srv.Client(t), nil)
 	b := newTestCache(t, srv.Client(t), nil)
@@ -100,7 +101,7 @@ func TestLoadErrorGetMany(t *testing.T) {
 		})
 		res <- err
 	}()
-	waitFor(t, 10*time.Second, "b to follow k1", func() bool { return b.Stats().Follows == 1 })
+	waitFor(t, 10*time.Second, "b to follow k1", func() bool { return b.Stats().Waits == 1 })
 	release()
 	checkLoadError(t, "a's leader", recvOne(t, "leader", leaderDone), "k1", errDB.Error(), false)
 
@@ -126,6 +127,7 @@ func TestLoadErrorGetMany(t *testing.T) {
 // one that unwraps to it; a Begin follower does not retry, even with
 // RetryFailedLoad (its caller decides: the middleware retries itself).
 func TestLoadErrorBeginAndFill(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	a := newTestCache(t, srv.Client(t), nil)
 	b := newTestCache(t, srv.Client(t), nil)
@@ -162,7 +164,7 @@ func TestLoadErrorBeginAndFill(t *testing.T) {
 		a.fillMu.Lock()
 		defer a.fillMu.Unlock()
 		lf := a.fills[key]
-		return b.Stats().Follows == 1 && c.Stats().Follows == 1 && lf != nil && lf.waiters == 1
+		return b.Stats().Waits == 1 && c.Stats().Waits == 1 && lf != nil && lf.waiters == 1
 	})
 	fill.Abort(fmt.Errorf("render: %w", errDB))
 
@@ -186,6 +188,7 @@ func TestLoadErrorBeginAndFill(t *testing.T) {
 // failure marker: a remote *LoadError; with RetryFailedLoad it retries
 // through the marker too, takes the lease and loads (one more call).
 func TestLoadErrorFromFailureMarker(t *testing.T) {
+	t.Parallel()
 	for _, retry := range []bool{false, true} {
 		t.Run(fmt.Sprintf("retry=%v", retry), func(t *testing.T) {
 			srv := redistest.Start(t)
@@ -209,7 +212,7 @@ func TestLoadErrorFromFailureMarker(t *testing.T) {
 				}
 				res <- err
 			}()
-			waitFor(t, 5*time.Second, "the follower to wait", func() bool { return follower.Stats().Follows == 1 })
+			waitFor(t, 5*time.Second, "the follower to wait", func() bool { return follower.Stats().Waits == 1 })
 			release()
 			recvOne(t, "leader", leaderDone)
 			err := recvOne(t, "follower", res)
@@ -235,6 +238,7 @@ func TestLoadErrorFromFailureMarker(t *testing.T) {
 // follower B (pub/sub) retries and fails, follower C (no pub/sub, polls)
 // gets B's failure. The source is called twice.
 func TestRetryFailedLoadMarkerOfNewerLeader(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	const lease = 2 * time.Second
 	opt := func(poll time.Duration) *Options {
@@ -259,7 +263,7 @@ func TestRetryFailedLoadMarkerOfNewerLeader(t *testing.T) {
 	resB, resC := make(chan error, 1), make(chan error, 1)
 	go func() { _, err := b.Get(context.Background(), "k", time.Minute, failing(&callsB)); resB <- err }()
 	go func() { _, err := c.Get(context.Background(), "k", time.Minute, failing(&callsC)); resC <- err }()
-	waitFor(t, 5*time.Second, "b and c to follow", func() bool { return b.Stats().Follows == 1 && c.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "b and c to follow", func() bool { return b.Stats().Waits == 1 && c.Stats().Waits == 1 })
 	release()
 	recvOne(t, "a", leaderDone)
 	errB, errC := recvOne(t, "b", resB), recvOne(t, "c", resC)
@@ -292,6 +296,7 @@ func TestRetryFailedLoadMarkerOfNewerLeader(t *testing.T) {
 // included; a panic with its stack) and malformed ones reach a waiting
 // follower as a remote *LoadError with the cause once, never a crash.
 func TestLoadErrorLegacyFailureMessages(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	a := newTestCache(t, rdb, nil)
@@ -364,6 +369,7 @@ func TestLoadErrorLegacyFailureMessages(t *testing.T) {
 // source that keeps failing with NoShare gets a LoadError that says the
 // error was not shared, after 2 calls in all.
 func TestNoShareInProcess(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	a := newTestCache(t, srv.Client(t), nil)
 	b := newTestCache(t, srv.Client(t), nil)
@@ -379,7 +385,7 @@ func TestNoShareInProcess(t *testing.T) {
 	resB, resC := make(chan error, 1), make(chan error, 1)
 	go func() { _, err := b.Get(context.Background(), "k", time.Minute, load); resB <- err }()
 	go func() { _, err := c.Get(context.Background(), "k", time.Minute, load); resC <- err }()
-	waitFor(t, 5*time.Second, "b and c to follow", func() bool { return b.Stats().Follows == 1 && c.Stats().Follows == 1 })
+	waitFor(t, 5*time.Second, "b and c to follow", func() bool { return b.Stats().Waits == 1 && c.Stats().Waits == 1 })
 	release()
 	le := checkLoadError(t, "a (leader)", recvOne(t, "a", leaderDone), "k", errDB.Error(), false)
 	if le != nil && !errors.Is(le, errDB) {
@@ -411,6 +417,7 @@ func TestNoShareInProcess(t *testing.T) {
 // listed without its own "herd: load failed: <key>" prefix, a remote one
 // says where it failed, and any other error is listed as it is.
 func TestManyErrorSaysKeyOnce(t *testing.T) {
+	t.Parallel()
 	e := &ManyError{Errs: map[string]error{
 		"a": &LoadError{Key: "a", Msg: "db: connection reset", Err: errDB},
 		"b": &LoadError{Key: "b", Msg: "db: connection reset", Remote: true},

@@ -2,8 +2,41 @@ package herd
 
 import (
 	"context"
+	"fmt"
 	"time"
 )
+
+// MaxLockKeyBytes is the longest lock key, in bytes, that every [Lock]
+// backend accepts; a longer key, like the empty one, is [ErrInvalidKey].
+// It is far below every server's request limit even where a backend
+// escapes each byte of the key as three (etcd keys and ZooKeeper paths:
+// a lock's etcd request stays under 100 KiB, against etcd's 1.5 MiB, and
+// its ZooKeeper path about 24 KiB, against jute.maxbuffer's 1 MiB), and
+// equal to the default bound on the middleware's cache keys, so that
+// such a key is also a valid lock key.
+const MaxLockKeyBytes = 8 << 10
+
+// lockKeyQuote is how much of a key above MaxLockKeyBytes its error
+// quotes, in bytes.
+const lockKeyQuote = 32
+
+// CheckLockKey returns nil for a valid lock key, and otherwise an error
+// wrapping [ErrInvalidKey] that says why: the key is empty, or longer than
+// [MaxLockKeyBytes]. For a long key the error gives its length and quotes
+// no more than its first 32 bytes (not cut inside a UTF-8 sequence), so
+// that it stays short whatever the caller passed. Every [Lock] backend
+// checks its keys with it before it sends anything; a Lock of your own
+// should too.
+func CheckLockKey(key string) error {
+	switch {
+	case key == "":
+		return fmt.Errorf("%w: empty lock key", ErrInvalidKey)
+	case len(key) > MaxLockKeyBytes:
+		return fmt.Errorf("%w: a lock key of %d bytes, limit %d (it starts %q)",
+			ErrInvalidKey, len(key), MaxLockKeyBytes, cutText(key, lockKeyQuote))
+	}
+	return nil
+}
 
 // Lock is the surface every lock backend offers. In this module [Locker]
 // (one Redis) is a Lock[*Lease] and [Redlock] (a majority of independent
@@ -22,9 +55,11 @@ import (
 // package documentation ("Which lock").
 //
 //   - TryAcquire takes the lock on key for ttl, or fails at once. When
-//     another owner holds it, the error wraps [ErrLeaseHeld]. An empty key
-//     is [ErrInvalidKey] and a ttl outside the backend's range
-//     [ErrInvalidTTL].
+//     another owner holds it, the error wraps [ErrLeaseHeld]. Any string
+//     of 1 to [MaxLockKeyBytes] bytes is a valid key, binary included; an
+//     empty or a longer one is [ErrInvalidKey] (the check of
+//     [CheckLockKey], before any request), and a ttl outside the
+//     backend's range [ErrInvalidTTL].
 //   - Acquire waits while another owner holds the lock, woken by the
 //     backend's notification of a release ([Locker]: Redis pub/sub;
 //     [Redlock]: Redis pub/sub on each master, any master's release a
@@ -48,11 +83,19 @@ type Lock[L LeaseHandle] interface {
 // implementation's methods are safe for concurrent use, and Release is
 // nil-safe.
 //
-//   - Token is the fencing token: tokens of one key strictly increase from
-//     one holding to the next. Pass it to the protected resource, which
-//     must reject a token lower than the highest it has seen
-//     ([FencedStore], or a conditional write in the database that owns
-//     the data).
+//   - Token is the fencing token: unique to one holding, and tokens of
+//     one key strictly increase from one holding to the next. Pass it to
+//     the protected resource, which must reject a token lower than the
+//     highest it has seen and accept an equal one, the same holding
+//     writing again ([FencedStore], the FencedTable of lock/postgres and
+//     lock/mysql, or a conditional write in the database that owns the
+//     data). The values are large: herd's Redis locks and the database
+//     locks floor a per-key counter by the server's clock in microseconds
+//     since 1970 (1796190371175265), so that a counter lost in a restart
+//     or a failover does not hand out lower tokens again; etcd and
+//     ZooKeeper use the store's revision or transaction id. Compare them,
+//     never read a time out of them. docs/locks.md ("Fencing tokens")
+//     has the table and the reasons.
 //   - Key is the user key the lease was acquired for.
 //   - Deadline is the local time until which the lease is known valid.
 //   - Lost is closed when the lease is known lost: its validity ran out

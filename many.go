@@ -467,7 +467,7 @@ func (m *manyCall) read(ctx context.Context) {
 		f := m.newFlight(k)
 		f.seen, f.early = sent, due // the read's one early-refresh draw
 		if v, err, done := c.served(f, env); done {
-			c.sig.lookup(k.key, f.outcome)
+			c.reportLookup(k.key, f.outcome)
 			m.answer(k.key, v, err)
 			continue
 		}
@@ -543,7 +543,7 @@ func (m *manyCall) fly(ctx context.Context) {
 				continue
 			}
 			kr.k.done = true
-			c.sig.lookup(kr.k.key, res.lookupOutcome(kr.r.Shared))
+			c.reportLookup(kr.k.key, res.lookupOutcome(kr.r.Shared))
 			val := res.val
 			if kr.r.Shared {
 				val = bytes.Clone(val) // as in Get: every caller its own copy
@@ -999,7 +999,7 @@ func mget(ctx context.Context, rdb redis.Cmdable, names []string, idx []int, out
 		chunk := idx[n*manyChunk : min((n+1)*manyChunk, len(idx))]
 		vals, err := cmd.Result()
 		if err == nil && len(vals) != len(chunk) {
-			err = fmt.Errorf("herd: MGET of %d keys answered %d values", len(chunk), len(vals))
+			err = fmt.Errorf("%w: MGET of %d keys answered %d values", errBadReply, len(chunk), len(vals))
 		}
 		for j, i := range chunk {
 			if err != nil {
@@ -1041,11 +1041,7 @@ func (c *Cache) readCluster(ctx context.Context, rdb *redis.ClusterClient, names
 		pipe := rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(pending))
 		for j, i := range pending {
-			if attempt == 0 {
-				cmds[j] = getScript.EvalSha(ctx, pipe, []string{names[i]})
-			} else {
-				cmds[j] = getScript.Eval(ctx, pipe, []string{names[i]})
-			}
+			cmds[j] = queueRead(ctx, pipe, getScript, attempt > 0, []string{names[i]})
 		}
 		_, _ = pipe.Exec(ctx)
 		var again []int

@@ -45,6 +45,7 @@ func manyOverlapBatch(prefix string, inst, i int) []string {
 // caller gets every key of its window, and all callers agree on each
 // key's value. On a single redis-server and on a 3-master cluster.
 func TestGetManyAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.Start(t)
 		manyRunOverlap(t, "redis", []string{srv.Addr()}, srv.Client(t))
@@ -187,6 +188,7 @@ func manyOverlapWorker(ctx context.Context, _ string) error {
 // within one lease (2s), with one loader call per process, each with the
 // one key that process leads.
 func TestGetManyCrossedLeads(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()

@@ -151,6 +151,7 @@ func checkValues(t *testing.T, got map[string][]byte, keys []string, want func(s
 // COMMITs go in one pipeline each: three round trips in all. The next
 // batch is all hits: one MGET, no load.
 func TestGetManyMixedHitsAndMisses(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	c := newTestCache(t, rdb, &Options{ReplicaAcks: -1})
@@ -210,6 +211,7 @@ func TestGetManyMixedHitsAndMisses(t *testing.T) {
 // the second batch's loader gets only the key no flight had, and the
 // shared key is loaded once.
 func TestGetManySameKeyInConcurrentBatches(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), nil)
 	ctx := context.Background()
@@ -275,6 +277,7 @@ func TestGetManySameKeyInConcurrentBatches(t *testing.T) {
 // other keys are stored, and an omitted key or ErrNotFound is a negative
 // entry. The next batch loads only the failed key.
 func TestGetManyPartialLoaderErrors(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), &Options{NegativeTTL: time.Minute})
 	ctx := context.Background()
@@ -321,6 +324,7 @@ func TestGetManyPartialLoaderErrors(t *testing.T) {
 // every led key as a *PanicError, releases their leases at once and does
 // not crash the process.
 func TestGetManyLoaderPanicAndError(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	const lease = 5 * time.Second
@@ -363,6 +367,7 @@ func TestGetManyLoaderPanicAndError(t *testing.T) {
 // The caller leaves when its ctx ends, with what it has: the hits, and
 // ctx.Err() for the keys still loading. The load goes on and is stored.
 func TestGetManyCallerCancelled(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), nil)
 	keys := manyKeys(t, 3)
@@ -410,6 +415,7 @@ func TestGetManyCallerCancelled(t *testing.T) {
 // loading, the loader's ctx ends, Close waits for the batch, and a later
 // GetMany returns ErrClosed without touching Redis.
 func TestGetManyClose(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := New(srv.Client(t), nil)
 	keys := manyKeys(t, 2)
@@ -438,6 +444,7 @@ func TestGetManyClose(t *testing.T) {
 // for an empty key; duplicates are read and loaded once; no keys is an
 // empty result without a round trip.
 func TestGetManyBadInput(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	c := newTestCache(t, rdb, nil)
@@ -486,6 +493,7 @@ func TestGetManyBadInput(t *testing.T) {
 // not stored), or with FailClosed fails each key with ErrUnavailable
 // without calling the loader.
 func TestGetManyRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) {
 		o.MaxRetries = -1
@@ -525,6 +533,7 @@ func TestGetManyRedisDown(t *testing.T) {
 // never gets the value of a flight that began before it (it joins that
 // flight, finds its answer older than the write, and takes the next one).
 func TestGetManyReadYourWrites(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), nil)
 	ctx := context.Background()
@@ -564,6 +573,7 @@ func TestGetManyReadYourWrites(t *testing.T) {
 // A stale value within StaleFor is served by the batch at once and
 // refreshed in the background, by a call of the loader with that key.
 func TestGetManyStaleServedAndRefreshed(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), &Options{StaleFor: time.Hour})
 	var skew atomic.Int64
@@ -600,11 +610,12 @@ func TestGetManyStaleServedAndRefreshed(t *testing.T) {
 // More than 1000 keys to rebuild: one loader call per 1000, every value
 // stored; the hits after are read in pipelined MGETs of 1000.
 func TestGetManyLarge(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	// A minute's lease: under load the batch's ACQUIRE replies may come back
 	// after a short lease, and each late key would be loaded alone (the
-	// takeover path, tested in TestAttackGetManyAcquireRepliesAfterLease),
+	// takeover path, tested in TestGetManyAcquireRepliesAfterLease),
 	// not in the chunks this test counts.
 	c := newTestCache(t, rdb, atkLeaseOpts(time.Minute))
 	ctx := context.Background()
@@ -645,6 +656,7 @@ type manyItem struct {
 // FetchMany encodes and decodes each value; a key the loader fails, and
 // stored bytes that do not decode, fail that key only.
 func TestFetchMany(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t), nil)
 	ctx := context.Background()
@@ -675,6 +687,7 @@ func TestFetchMany(t *testing.T) {
 // one pipeline per master, the misses' ACQUIREs and COMMITs likewise, and
 // the loader is called once.
 func TestGetManyCluster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	var mu sync.Mutex
 	byNode := make(map[string]*roundTrips)
@@ -763,6 +776,7 @@ func TestGetManyCluster(t *testing.T) {
 // from its master: a replica cut off from its master, still holding an
 // older value, is never read (the batch form of TestReplicaReadsNoStaleHit).
 func TestGetManyReplicaReadsFromMaster(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartClusterReplicas(t, 3, 1)
 	ctx := context.Background()
 	ro := cl.Client(t, func(o *redis.ClusterOptions) { o.ReadOnly = true })
@@ -808,6 +822,7 @@ func TestGetManyReplicaReadsFromMaster(t *testing.T) {
 // On a Ring, the hits of a batch are read with one MGET per shard, and
 // the misses are loaded with one loader call.
 func TestGetManyRing(t *testing.T) {
+	t.Parallel()
 	s1, s2 := redistest.Start(t), redistest.Start(t)
 	var mu sync.Mutex
 	byShard := make(map[string]*roundTrips)

@@ -152,13 +152,16 @@ func (e WaitEnd) String() string {
 type CommitResult uint8
 
 const (
-	CommitStored CommitResult = iota // the value was written
-	CommitFenced                     // not written: a newer lease, Set or Invalidate came first
-	CommitError                      // not written: Redis failed
+	CommitStored       CommitResult = iota // the value was written
+	CommitFenced                           // not written: a newer lease, Set or Invalidate came first
+	CommitError                            // not written: Redis failed
+	CommitUnreplicated                     // written on the master, not confirmed on its replicas in time: a failover may lose it
 )
 
 // String returns the result's metric label, such as "fenced".
-func (r CommitResult) String() string { return [...]string{"stored", "fenced", "error"}[r] }
+func (r CommitResult) String() string {
+	return [...]string{"stored", "fenced", "error", "unreplicated"}[r]
+}
 
 // RefreshEvent is a background refresh event, reported to
 // [Observer.Refresh].

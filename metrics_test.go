@@ -45,6 +45,7 @@ func TestSignalsNilObserverAllocatesNothing(t *testing.T) {
 // Rare events are logged at most once per second per message, with the
 // number suppressed.
 func TestLogRareIsRateLimited(t *testing.T) {
+	t.Parallel()
 	var out strings.Builder
 	s := newSignals(nil, nil, slog.New(slog.NewTextHandler(&out, nil)))
 	for range 100 {
@@ -63,6 +64,7 @@ func TestLogRareIsRateLimited(t *testing.T) {
 }
 
 func TestEventNames(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct{ got, want string }{
 		{LeaseTakenOver.String(), "taken_over"}, {LeaseExtendFailed.String(), "extend_failed"},
 		{WaitTakeover.String(), "takeover"}, {WaitCancelled.String(), "cancelled"},

@@ -220,6 +220,7 @@ func TestModelLease(t *testing.T) {
 // to its shape (status codes kept, tokens and times abstracted): every
 // backend must give the same shapes, and the ones listed.
 func TestModelScriptConformance(t *testing.T) {
+	t.Parallel()
 	want := []string{
 		"acquire: [1 num]",
 		"acquire retried: [1 num]",
@@ -272,8 +273,8 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	ctx := context.Background()
 	k := mustKeys(t, "conformance-"+strconv.FormatInt(time.Now().UnixNano(), 36))
 	var out []string
-	run := func(what string, s *redis.Script, keys []string, args ...any) any {
-		v, err := s.Run(ctx, rdb, keys, args...).Result()
+	run := func(what string, s *script, keys []string, args ...any) any {
+		v, err := s.rs.Run(ctx, rdb, keys, args...).Result()
 		out = append(out, what+": "+shape(v, err))
 		return v
 	}
@@ -322,7 +323,7 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	third := newOwner()
 	r = run("acquire, then a failed load's release", acquireScript, acq(third), third, 5000, 60000)
 	token3 := fmt.Sprint(r.([]any)[1])
-	releaseScript.Run(ctx, rdb, []string{k.lease, k.fence, k.backoff, k.failed},
+	releaseScript.rs.Run(ctx, rdb, []string{k.lease, k.fence, k.backoff, k.failed},
 		third+":"+token3, "PUBLISH", k.channel, "Fe"+token3+"|boom", 0, 0, 5000)
 	out[len(out)-1] = "acquire, then a failed load's release: " + shape(rdb.Exists(ctx, k.failed).Val(), nil)
 	run("acquire miss mode, the awaited leader failed", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", token3)

@@ -615,7 +615,7 @@ func (c *Cache) nearAnswer(ctx context.Context, key string, val []byte, negative
 		o = OutcomeNegative
 	}
 	recordOutcome(ctx, o)
-	c.sig.lookup(key, o)
+	c.reportLookup(key, o)
 	if negative {
 		return nil, ErrNotFound
 	}

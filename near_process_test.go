@@ -29,6 +29,7 @@ func init() {
 const nearProcStaleness = 300 * time.Millisecond
 
 func TestNearInvalidationAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	t.Run("redis", func(t *testing.T) {
 		srv := redistest.Start(t)
 		nearRunProcesses(t, "redis", []string{srv.Addr()}, srv.Client(t))

@@ -240,6 +240,7 @@ func pubsubIDs(t *testing.T, m *redis.Client) map[string]bool {
 // rejects with CROSSSLOT), and both follows must end by their wake-up
 // message (Stats.Notified), not by a poll.
 func TestShardedPubSubResubscribesAfterKill(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	ctx := context.Background()
 	direct := cl.Client(t)
@@ -302,6 +303,7 @@ func TestShardedPubSubResubscribesAfterKill(t *testing.T) {
 // connection. The subscription of the other key (another slot) must come
 // back, and its follow must end by its wake-up.
 func TestShardedPubSubResubscribesAfterOutputBufferLimit(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3)
 	ctx := context.Background()
 	direct := cl.Client(t)
@@ -370,6 +372,7 @@ func (n *notifier) publishCmdIs(ctx context.Context, cmd string) bool {
 // message, which the scripts publish on the shard that holds the key (the
 // channel has the key's hash tag); Close returns.
 func TestRingPubSub(t *testing.T) {
+	t.Parallel()
 	s1, s2 := redistest.Start(t), redistest.Start(t)
 	ring := func() *redis.Ring {
 		r := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"a": s1.Addr(), "b": s2.Addr()}})
@@ -517,6 +520,7 @@ func hangingPubSub(t *testing.T, srv *redistest.Server) (*redis.Client, *faultpr
 // finds the connection still being created by a first waiter with no
 // deadline. Neither leaves a subscription registered.
 func TestSubscribeHonoursCtx(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	rdb, proxy := hangingPubSub(t, srv)

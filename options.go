@@ -58,20 +58,27 @@ type LockerOptions struct {
 	// prefers the most up-to-date replica), so no fencing token is issued
 	// twice and no acknowledged write is undone.
 	//
-	// ReplicaAcks 0 (the default) waits for every replica the master has
-	// had attached in the last minute, and does not wait on a master that
-	// never had one. herd reads INFO replication about once a second,
-	// before the write it precedes; the count starts afresh when the master
-	// changes (a new replication id). A master that never was a replica and
-	// has no replica attached counts one while its replication backlog is
-	// active (repl-backlog-ttl, default 1h, after its last replica left); a
-	// promoted replica (it has a second replication id) does not. So a
-	// deposed master during
-	// a failover, whose replicas are leaving it for the new master, refuses
-	// writes with [ErrNotReplicated] instead of acknowledging writes that
-	// only a departing replica has. The cost: for a minute after a replica
-	// leaves for good (or while one is attached but stalled), writes are
-	// refused. A positive ReplicaAcks waits for that many replicas always;
+	// ReplicaAcks 0 (the default) waits for every replica this process
+	// (any of its Caches, Lockers and FencedStores) saw attached to the
+	// master in the last minute, and does not wait on a master with none.
+	// herd reads INFO replication about once a second, before the write it
+	// precedes; the count starts afresh when the master changes (a new
+	// replication id), and a process that never saw the master learns
+	// what is attached when it first writes. The Redis user must be
+	// allowed INFO (-@dangerous removes it): a master whose replicas
+	// cannot be counted makes a Locker's (and FencedStore's) every write
+	// that would wait fail with [ErrNotReplicated] and an error that says
+	// so, and a Cache's wait for none (logged once); set ReplicaAcks for
+	// such a user. So a deposed
+	// master during a failover, whose replicas are leaving it for the new
+	// master, refuses writes with [ErrNotReplicated] instead of
+	// acknowledging writes that only a departing replica has. The cost: for
+	// a minute after a replica leaves for good (or while one is attached
+	// but stalled), this process's writes to that master are refused; a
+	// process started after the replica left does not refuse. The limit: a
+	// process that first meets a deposed master after its replicas left
+	// does not wait (Redis's min-replicas-to-write closes that on the
+	// server). A positive ReplicaAcks waits for that many replicas always;
 	// -1 never waits (the behaviour before replica waits: fast, unsafe
 	// across failover). ReplicaTimeout bounds each WAIT. Default: 250ms,
 	// cut to half the client's ReadTimeout (a WAIT reply the client gives
@@ -83,8 +90,10 @@ type LockerOptions struct {
 	// lease is released on a best-effort basis); an extend returns it and
 	// leaves the lease's validity where it was; Set and Invalidate return
 	// it (the write may or may not survive a failover: retry); a Cache
-	// miss treats it as a Redis error (fail-open to a local load, or
-	// [ErrUnavailable] with FailClosed) and a commit as a failed commit.
+	// miss loads locally (that miss only: a refusal is not a Redis outage,
+	// and the breaker does not count it), and a commit is reported as
+	// stored on the master, not confirmed on its replicas
+	// ([CommitUnreplicated]).
 	ReplicaAcks    int
 	ReplicaTimeout time.Duration
 }
@@ -158,6 +167,7 @@ func resolveReplicaWait(owner string, acks int, timeout time.Duration) *replicaW
 	}
 	w := newReplicaWait(acks, timeout)
 	w.explicit, w.owner = explicit, owner
+	w.strict = true // the Cache relaxes its own (see replicaWait)
 	return w
 }
 
@@ -422,7 +432,7 @@ type Options struct {
 	// costs, and go-redis hooks see the caller's ctx (tracing); without
 	// it, a Get whose ctx can end hands its GET to a goroutine of its own
 	// so that it can leave at once, which costs two goroutine wake-ups
-	// per hit (README, "What a hit costs"). The price: a caller whose ctx
+	// per hit (docs/cache-aside.md, "What a hit costs"). The price: a caller whose ctx
 	// ends while its hit's GET waits on a stalled Redis returns only when
 	// that GET does, after at most the client's WriteTimeout and
 	// ReadTimeout (times its retries). [Cache.Peek]'s GET is sent the

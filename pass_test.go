@@ -50,6 +50,7 @@ func (co *countingObserver) loadErrs() []error {
 // Begin, in every process, return ErrPass at once, without a lease; Get
 // rebuilds over the mark.
 func TestFillPass(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			co, obs := newCountingObserver()
@@ -71,7 +72,7 @@ func TestFillPass(t *testing.T) {
 				}
 				remote <- err
 			}()
-			waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Follows == 1 })
+			waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Waits == 1 })
 			waitSubscribedTB(t, b, mustKeys(t, key).channel, 1)
 			waitLocalWaiters(t, c, key, 1)
 			if err := fill.Pass(errors.New("sets a cookie"), time.Minute); err != nil {
@@ -121,6 +122,7 @@ func TestFillPass(t *testing.T) {
 // TestFillPassExpires: the mark lives in Redis for the ttl Pass was
 // given, then the key leads again.
 func TestFillPassExpires(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	c := newTestCache(t, rdb, nil)
@@ -172,6 +174,7 @@ func TestFillPassExpires(t *testing.T) {
 // in Stats and one Observer.Load, and only failures are load errors: a
 // value that was not for sharing is counted apart.
 func TestFillLoadAccounting(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	co, obs := newCountingObserver()
 	c := newTestCache(t, srv.Client(t), &Options{Observer: obs, MaxValueBytes: 8})
@@ -237,6 +240,7 @@ func TestFillLoadAccounting(t *testing.T) {
 // (callers sharing a flight) and for Begin (callers waiting on a Fill,
 // whatever its end), so that leader lookups count loads.
 func TestLookupLeaderPerLoad(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
@@ -290,6 +294,7 @@ func TestLookupLeaderPerLoad(t *testing.T) {
 // TestFollowerReadIsNotAHit: a follower that reads the value its leader
 // stored counts as a follow, not as a hit.
 func TestFollowerReadIsNotAHit(t *testing.T) {
+	t.Parallel()
 	for _, b := range standaloneBackends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			// The wake-up carries no value: the follower reads it.
@@ -303,13 +308,13 @@ func TestFollowerReadIsNotAHit(t *testing.T) {
 			}
 			got := make(chan *Hit, 1)
 			go func() { h, _, _ := other.Begin(ctx, key, time.Minute, nil); got <- h }()
-			waitFor(t, 5*time.Second, "the follower", func() bool { return other.Stats().Follows == 1 })
+			waitFor(t, 5*time.Second, "the follower", func() bool { return other.Stats().Waits == 1 })
 			fill.Commit([]byte("v"), time.Minute, 0)
 			if h := <-got; h == nil || h.Outcome != OutcomeFollower {
 				t.Fatalf("the follower got %+v, want the value as a follower", h)
 			}
-			if s := other.Stats(); s.Hits != 0 || s.Follows != 1 {
-				t.Errorf("follower's Stats: hits %d, follows %d; want 0, 1", s.Hits, s.Follows)
+			if s := other.Stats(); s.Hits != 0 || s.Waits != 1 {
+				t.Errorf("follower's Stats: hits %d, follows %d; want 0, 1", s.Hits, s.Waits)
 			}
 		})
 	}

@@ -17,6 +17,7 @@ import (
 // TestPeek runs the Peek suite on miniredis, a real redis-server and a
 // real 3-master Redis Cluster.
 func TestPeek(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("Answers", func(t *testing.T) { testPeekAnswers(t, b) })
@@ -147,6 +148,7 @@ func testPeekBadInput(t *testing.T, b backend) {
 // ErrUnavailable and the cause (there is no loader to fail open to), also
 // while the breaker is open, and works again once Redis is back.
 func TestPeekRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t, shortTimeouts), &Options{BreakerThreshold: 2, BreakerCooldown: 300 * time.Millisecond})
 	ctx := context.Background()
@@ -181,6 +183,7 @@ func TestPeekRedisDown(t *testing.T) {
 // deadline passes, and a Peek and a Get waiting for their GETs return
 // ErrClosed when Close is called (their ctx can end), before any reply.
 func TestPeekLeavesOnCtxAndClose(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	// Connections made before the pause: a GET that must dial one would
 	// wait in the dial, which does end with its ctx.
@@ -245,6 +248,7 @@ func TestPeekLeavesOnCtxAndClose(t *testing.T) {
 // TestPeekReadYourWrites: a Peek in one Cache that starts after a write
 // of another Cache returned sees that write, every time.
 func TestPeekReadYourWrites(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	w := newTestCache(t, srv.Client(t), nil)
@@ -270,6 +274,7 @@ func TestPeekReadYourWrites(t *testing.T) {
 // reads to replicas must Peek from the master: its replica is cut off and
 // still holds v1 after Set(v2), InvalidateSoft and Invalidate returned.
 func TestPeekReplicaReadsNoStale(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartClusterReplicas(t, 3, 1)
 	ctx := context.Background()
 	ro := cl.Client(t, func(o *redis.ClusterOptions) { o.ReadOnly = true })

@@ -130,6 +130,7 @@ func (p *workerProcs) wait(d time.Duration) {
 // read 1) and logs (token, start, end). No two holders may overlap and
 // tokens must increase with time.
 func TestLeaseMutualExclusionAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()

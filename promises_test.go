@@ -23,6 +23,7 @@ import (
 // callers that joined the old rebuild before the write may still get its
 // value.
 func TestReadYourWrites(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			for _, write := range []string{"Invalidate", "Set"} {
@@ -184,6 +185,7 @@ func TestReadYourWritesAcrossProcesses(t *testing.T) {
 // the leader's watchdog renews its lease (up to MaxHold), so the origin is
 // called once, not three times.
 func TestDefaultsWaitForSlowRebuild(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	key := testKey(t)
@@ -256,6 +258,7 @@ func TestBeginHonoursCallerDeadline(t *testing.T) {
 // lost, and by then a newer write may have landed. A retried Set or
 // Invalidate (the same write id) must not undo it.
 func TestWriteRetryIsNoOp(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -267,7 +270,7 @@ func TestWriteRetryIsNoOp(t *testing.T) {
 			}
 			set := func(id, v string) string {
 				t.Helper()
-				n, err := setScript.Run(ctx, b.rdb, []string{k.value, k.fence, k.writes + id},
+				n, err := setScript.rs.Run(ctx, b.rdb, []string{k.value, k.fence, k.writes + id},
 					env(v), 60000, 60000, c.notify.publishCmd(ctx), k.channel, 1<<14, 60000).Text()
 				if err != nil {
 					t.Fatal(err)
@@ -297,7 +300,7 @@ func TestWriteRetryIsNoOp(t *testing.T) {
 
 			inv := func(id string) {
 				t.Helper()
-				if err := invalidateScript.Run(ctx, b.rdb, []string{k.value, k.fence, k.writes + id}, 60000, 60000).Err(); err != nil {
+				if err := invalidateScript.rs.Run(ctx, b.rdb, []string{k.value, k.fence, k.writes + id}, 60000, 60000).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}

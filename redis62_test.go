@@ -45,6 +45,7 @@ func keyPerMaster(t *testing.T, cc *redis.ClusterClient, prefix string) []string
 // carries to every node), not by a poll: PollMax is a minute and the
 // leader's lease five seconds.
 func TestRedis62ClusterColdWave(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartCluster(t, 3, redistest.Without70Commands()...)
 	ctx := context.Background()
 	const prefix = "c62"
@@ -86,8 +87,8 @@ func TestRedis62ClusterColdWave(t *testing.T) {
 	if ls.Loads != uint64(len(keys)) || fs.Loads != 0 || fs.LocalLoads != 0 || ls.LocalLoads != 0 {
 		t.Errorf("loads: leader %d (+%d local), follower %d (+%d local); want %d, 0, 0, 0", ls.Loads, ls.LocalLoads, fs.Loads, fs.LocalLoads, len(keys))
 	}
-	if fs.Follows != uint64(len(keys)) || fs.Notified != uint64(len(keys)) || fs.Polled != 0 {
-		t.Errorf("follower: %d follows, %d ended by a wake-up, %d polls; want %d, %d, 0 (stats %+v)", fs.Follows, fs.Notified, fs.Polled, len(keys), len(keys), fs)
+	if fs.Waits != uint64(len(keys)) || fs.Notified != uint64(len(keys)) || fs.Polled != 0 {
+		t.Errorf("follower: %d follows, %d ended by a wake-up, %d polls; want %d, %d, 0 (stats %+v)", fs.Waits, fs.Notified, fs.Polled, len(keys), len(keys), fs)
 	}
 }
 
@@ -96,6 +97,7 @@ func TestRedis62ClusterColdWave(t *testing.T) {
 // Inspect, a Locker waiter woken by the holder's release, a FencedStore,
 // and a Redlock over three such servers.
 func TestRedis62Server(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t, redistest.Without70Commands()...)
 	ctx := context.Background()
 	c1 := newTestCache(t, srv.Client(t), psOptions("s62"))
@@ -218,6 +220,7 @@ func failLoad(context.Context) ([]byte, error) { return nil, errors.New("loaded"
 // and an ordinary error reply inside a script must stay an answer. The
 // texts are those of Redis 6.2's scripting.c.
 func TestInfraErrorRedis62ScriptReplies(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		msg  string
 		want bool

@@ -18,24 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed scripts/redlock_acquire.lua
-	redlockAcquireLua    string
-	redlockAcquireScript = redis.NewScript(redlockAcquireLua)
-
-	//go:embed scripts/redlock_raise.lua
-	redlockRaiseLua    string
-	redlockRaiseScript = redis.NewScript(redlockRaiseLua)
-
-	//go:embed scripts/redlock_extend.lua
-	redlockExtendLua    string
-	redlockExtendScript = redis.NewScript(redlockExtendLua)
-
-	//go:embed scripts/redlock_release.lua
-	redlockReleaseLua    string
-	redlockReleaseScript = redis.NewScript(redlockReleaseLua)
-)
-
 // RedlockOptions configures a [Redlock]. A nil *RedlockOptions, and every
 // zero field, means the documented default. Invalid values make
 // [NewRedlock] panic: they are programming errors, not request-time
@@ -166,8 +148,9 @@ func (o *RedlockOptions) resolve() redlockConfig {
 // every call after it returns [ErrClosed].
 type Redlock struct {
 	nodes  []redis.UniversalClient
-	notify []*notifier // one per master: the waiters' wake-ups, started on first use
-	all    []int       // 0..N-1
+	writes *replicaWait // the write path, waiting for no replicas
+	notify []*notifier  // one per master: the waiters' wake-ups, started on first use
+	all    []int        // 0..N-1
 	quorum int
 	cfg    redlockConfig
 	now    func() time.Time // the local clock; the model test replaces it
@@ -191,8 +174,13 @@ type Redlock struct {
 // ring client), not as they resolve: it cannot see two names or
 // addresses of one server (a hostname and its IP, two interfaces, a
 // proxy), nor the master behind a Sentinel failover client. Keeping the
-// masters independent is the caller's part. A nil opt means the defaults
-// of [RedlockOptions]. It panics on an invalid configuration.
+// masters independent is the caller's part. Each master should have no
+// replicas, as the Redlock algorithm assumes: Redlock waits for none (its
+// safety across a master's loss is the quorum and the restart rule, not
+// replication), so a master behind Sentinel or with replicas promoted on
+// failure can hand the same lock out again from a replica that missed it.
+// A nil opt means the defaults of [RedlockOptions]. It panics on an
+// invalid configuration.
 func NewRedlock(clients []redis.UniversalClient, opt *RedlockOptions) *Redlock {
 	if len(clients) < 3 || len(clients)%2 == 0 {
 		panic(fmt.Sprintf("herd: NewRedlock needs an odd number of Redis masters, at least 3; got %d", len(clients)))
@@ -216,6 +204,7 @@ func NewRedlock(clients []redis.UniversalClient, opt *RedlockOptions) *Redlock {
 	}
 	r := &Redlock{
 		nodes:  append([]redis.UniversalClient(nil), clients...),
+		writes: newReplicaWait(-1, 0),
 		quorum: len(clients)/2 + 1,
 		cfg:    opt.resolve(),
 		now:    time.Now,
@@ -325,13 +314,13 @@ func (r *Redlock) leave() { r.calls.Done() }
 // answered within [RedlockOptions.NodeTimeout], the lease vanished from
 // masters between the two rounds without another owner taking it (a
 // master restarted empty), or a quorum answered only after the lease's
-// validity was spent. Any string but the empty one is a valid key
-// ([ErrInvalidKey]); ttl must be between 10ms and 50 years
-// ([ErrInvalidTTL]: 1% + 2ms of every lease is the clock-drift
-// allowance). A failed attempt releases whatever it took, on every
-// master, before it returns; on a master whose round-one reply did not
-// come it also leaves a marker, for ttl, that makes a round-one request
-// of the attempt landing there later take nothing.
+// validity was spent. Any string of 1 to [MaxLockKeyBytes] bytes is a
+// valid key ([ErrInvalidKey] otherwise, see [CheckLockKey]); ttl must be
+// between 10ms and 50 years ([ErrInvalidTTL]: 1% + 2ms of every lease is
+// the clock-drift allowance). A failed attempt releases whatever it took,
+// on every master, before it returns; on a master whose round-one reply
+// did not come it also leaves a marker, for ttl, that makes a round-one
+// request of the attempt landing there later take nothing.
 //
 // TryAcquire is safe under client retries: a retried round-one script
 // recognises the lease as this attempt's, and the raise of round two is
@@ -490,6 +479,9 @@ func pollWait(backoff, holder time.Duration) time.Duration {
 }
 
 func (r *Redlock) prepare(key string, ttl time.Duration) (keyFamily, error) {
+	if err := CheckLockKey(key); err != nil {
+		return keyFamily{}, err
+	}
 	if err := checkRedlockTTL(ttl); err != nil {
 		return keyFamily{}, err
 	}
@@ -623,8 +615,9 @@ func (r *Redlock) fanout(ctx context.Context, nodes []int, timeout time.Duration
 var errNotAsked = errors.New("not asked")
 
 func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
-	res, err := redlockAcquireScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence, releasedKey(keys, owner)},
-		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds()).Slice()
+	cmd := r.send(ctx, i, redlockAcquireScript, []string{keys.lease, keys.fence, releasedKey(keys, owner)},
+		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds())
+	res, err := cmd.Slice()
 	if err != nil {
 		return nodeReply{err: fmt.Errorf("master %d: %w", i, err)}
 	}
@@ -650,18 +643,18 @@ func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner 
 	}
 	n, err := strconv.ParseUint(val, 10, 64)
 	if err != nil {
-		return nodeReply{err: fmt.Errorf("master %d: bad fence counter %q", i, val)}
+		return nodeReply{err: fmt.Errorf("master %d: %w: bad fence counter %.40q", i, errBadReply, val)}
 	}
 	return nodeReply{ok: true, n: n}
 }
 
 func (r *Redlock) raiseNode(ctx context.Context, i int, keys keyFamily, owner string, token uint64, ttl time.Duration) nodeReply {
-	return r.intNode(i, redlockRaiseScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence},
+	return r.intNode(i, r.send(ctx, i, redlockRaiseScript, []string{keys.lease, keys.fence},
 		owner, strconv.FormatUint(token, 10), r.fenceTTL(ttl).Milliseconds()))
 }
 
 func (r *Redlock) extendNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
-	return r.intNode(i, redlockExtendScript.Run(ctx, r.nodes[i], []string{keys.lease, keys.fence},
+	return r.intNode(i, r.send(ctx, i, redlockExtendScript, []string{keys.lease, keys.fence},
 		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds()))
 }
 
@@ -684,8 +677,16 @@ func (r *Redlock) releaseNotify(ctx context.Context, i int, keys keyFamily, owne
 	if notify {
 		publish = r.notify[i].publishCmd(ctx)
 	}
-	return r.intNode(i, redlockReleaseScript.Run(ctx, r.nodes[i],
+	return r.intNode(i, r.send(ctx, i, redlockReleaseScript,
 		[]string{keys.lease, keys.fence, releasedKey(keys, owner)}, owner, mark.Milliseconds(), publish, keys.channel))
+}
+
+// send runs s on master i through the write path. Redlock's masters are
+// independent and have no replicas (the algorithm's own assumption), so
+// its path waits for none (r.writes has ReplicaAcks -1).
+func (r *Redlock) send(ctx context.Context, i int, s *script, keys []string, args ...any) *redis.Cmd {
+	cmd, _ := r.writes.run(ctx, r.nodes[i], keys[0], s, keys, args...)
+	return cmd
 }
 
 // intNode reads a script's 1 (ok), 0 (not this owner's lease; for the

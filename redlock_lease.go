@@ -133,9 +133,12 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 // interval but an absolute cap on the whole holding. No renewal takes
 // the lease past the cap: the last one before it extends the lease only
 // up to the cap, and none is made when less than 10ms is left to it.
-// Renewals never shorten the lease ([RedlockLease.Extend]), so a maxHold
-// shorter than the lease length leaves the lease to end with its acquire.
-// A maxHold of zero or less means no cap.
+// The holding ends at the cap even when the lease as acquired is longer:
+// Deadline is then the cap and Lost closes at it. Renewals never shorten
+// the lease in the masters ([RedlockLease.Extend]), so there the keys of
+// such a lease live to its own end, at most one lease length past the
+// cap: a holder stuck past the cap keeps others out that long, though it
+// has been told (Lost) to stop. A maxHold of zero or less means no cap.
 //
 // A renewal that finds no quorum is retried until the lease's validity
 // runs out; then [RedlockLease.Lost] is closed. Release waits for the
@@ -160,6 +163,12 @@ func (l *RedlockLease) KeepAlive(maxHold time.Duration) {
 	var capAt time.Time
 	if maxHold > 0 {
 		capAt = l.acquired.Add(maxHold)
+		if capAt.Before(l.deadline) {
+			// The holding ends at the cap: Lost closes then, though the
+			// masters' keys (never shortened) live to the lease's end.
+			l.deadline = capAt
+			l.expiry.Reset(capAt.Sub(l.r.now()))
+		}
 	}
 	go func() {
 		defer l.r.leave()

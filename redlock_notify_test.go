@@ -88,6 +88,7 @@ func wokenWithin(t *testing.T, done <-chan acquired, bound time.Duration) *Redlo
 // is known to be subscribed on every master first: the release's PUBLISH
 // wakes it.
 func TestRedlockAcquireWokenByRelease(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 3)
 	holder := g.redlock(nil)
 	waiter, contended := g.notifiedRedlock()
@@ -125,6 +126,7 @@ func TestRedlockAcquireWokenByRelease(t *testing.T) {
 // release may land during one: the bound is two rounds more than the
 // wake's.
 func TestRedlockAcquireWokenWithDeadMaster(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 3)
 	g.srvs[2].Stop(t)
 	holder := g.redlock(nil)
@@ -153,6 +155,7 @@ func TestRedlockAcquireWokenWithDeadMaster(t *testing.T) {
 // ErrClosed within ten times the wake bound of Close, and Close returns;
 // goleak (TestMain) checks that no goroutine is left.
 func TestRedlockCloseEndsWaitWithPausedMaster(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 3)
 	holder := g.redlock(nil)
 	ctx := context.Background()
@@ -197,6 +200,7 @@ func TestRedlockCloseEndsWaitWithPausedMaster(t *testing.T) {
 // attempt won: the test's own marker, published after the attempt,
 // arrives first exactly when the attempt published nothing.
 func TestRedlockFailedAttemptPublishes(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name    string
 		holders [2]string // the owners put on masters 0 and 1
@@ -249,6 +253,7 @@ func TestRedlockFailedAttemptPublishes(t *testing.T) {
 // split lets one of them win, so that every waiter gets the lock in turn
 // without the minute-long fallback.
 func TestRedlockSplitVoteResolves(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 3)
 	holder := g.redlock(nil)
 	ctx := context.Background()

@@ -75,6 +75,7 @@ func (g *redlockRig) holders(key, owner string) int {
 }
 
 func TestNewRedlockPanics(t *testing.T) {
+	t.Parallel()
 	var all []redis.UniversalClient
 	c := func(addr string) redis.UniversalClient {
 		x := redis.NewClient(&redis.Options{Addr: addr})
@@ -120,6 +121,7 @@ func TestNewRedlockPanics(t *testing.T) {
 }
 
 func TestRedlockBasics(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 5)
 	r1, r2 := g.redlock(nil), g.redlock(nil)
 	ctx := context.Background()
@@ -174,6 +176,7 @@ func TestRedlockBasics(t *testing.T) {
 // TestRedlockExtendLosesQuorum: a lease deleted on three of five masters
 // cannot be extended; Extend says it is lost and Lost closes.
 func TestRedlockExtendLosesQuorum(t *testing.T) {
+	// Not parallel: its bounds are short timeouts, which a loaded machine misses.
 	g := startRedlockRig(t, 5)
 	r := g.redlock(nil)
 	ctx := context.Background()
@@ -200,6 +203,7 @@ func TestRedlockExtendLosesQuorum(t *testing.T) {
 // TestRedlockTwoMastersKilled: with 2 of 5 masters gone, acquire, extend
 // and release still work.
 func TestRedlockTwoMastersKilled(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 5)
 	r := g.redlock(nil)
 	ctx := context.Background()
@@ -226,6 +230,7 @@ func TestRedlockTwoMastersKilled(t *testing.T) {
 // masters is released. A lease taken before the loss can no longer be
 // extended or released.
 func TestRedlockThreeMastersKilled(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 5)
 	r := g.redlock(nil)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -268,6 +273,7 @@ func TestRedlockThreeMastersKilled(t *testing.T) {
 // clients here keep go-redis's default 3 s ReadTimeout and no context
 // timeouts, so only the Redlock's own bound ends the calls to it.
 func TestRedlockPausedMaster(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 5)
 	r := g.redlock(&RedlockOptions{NodeTimeout: 500 * time.Millisecond})
 	g.srvs[2].Pause(t)
@@ -298,6 +304,7 @@ func TestRedlockPausedMaster(t *testing.T) {
 // restarted master starts from its clock), so a fenced resource still
 // orders their writes.
 func TestRedlockRestartRule(t *testing.T) {
+	t.Parallel()
 	const ttl = 5 * time.Second
 	setup := func(t *testing.T) (*redlockRig, *Redlock, *RedlockLease) {
 		g := startRedlockRig(t, 5)
@@ -362,6 +369,7 @@ func TestRedlockRestartRule(t *testing.T) {
 // B then gets the lock with a higher token and writes. A is resumed,
 // writes with its old token, and the FencedStore rejects it.
 func TestRedlockPausedHolderFenced(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 5)
 	side := redistest.Start(t)
 	sideRDB := side.Client(t)
@@ -475,6 +483,7 @@ func redlockHolderWorker(ctx context.Context, _ string) error {
 // lock an INCR on a separate Redis must return 1 (no second holder), and
 // the tokens, in the order the holders held the lock, strictly increase.
 func TestRedlockContention(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 5)
 	side := redistest.Start(t).Client(t)
 	// 96 acquisitions one after the other, and no fairness among the 24
@@ -534,6 +543,7 @@ func TestRedlockContention(t *testing.T) {
 // TestRedlockClosed: every call after Close returns ErrClosed, and Close
 // stops the watchdogs of leases still held (goleak checks the rest).
 func TestRedlockClosed(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 3)
 	r := g.redlock(nil)
 	ctx := context.Background()
@@ -564,6 +574,7 @@ func TestRedlockClosed(t *testing.T) {
 // TestRedlockCloseEndsWait: Close during an Acquire's wait ends it with
 // ErrClosed.
 func TestRedlockCloseEndsWait(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 3)
 	contended := make(chan struct{}, 1)
 	obs := &Observer{Lease: func(_ string, ev LeaseEvent) {
@@ -599,6 +610,7 @@ func TestRedlockCloseEndsWait(t *testing.T) {
 // the attempt's own, the raise is idempotent, and a second release of the
 // same owner still reports 1.
 func TestRedlockRetriedScripts(t *testing.T) {
+	t.Parallel()
 	g := startRedlockRig(t, 3)
 	r := g.redlock(nil)
 	ctx := context.Background()
@@ -632,3 +644,20 @@ func TestRedlockRetriedScripts(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+// TestRedlockKeepAliveCapEndsTheHoldingBeforeTheFirstRenewal: the cap of
+// RedlockLease.KeepAlive holds for a cap before the first renewal: Lost
+// closes and Deadline is at the cap (the masters' keys, which Redlock
+// never shortens, live to the lease's end, as its godoc says).
+func TestRedlockKeepAliveCapEndsTheHoldingBeforeTheFirstRenewal(t *testing.T) {
+	t.Parallel()
+	g := startRedlockRig(t, 3)
+	r := g.redlock(nil)
+	ctx := context.Background()
+	lease, err := r.TryAcquire(ctx, testKey(t), 6*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	checkCapEndsHolding(t, lease, lease.acquired, 300*time.Millisecond)
+}

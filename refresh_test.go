@@ -44,6 +44,7 @@ func withClock(c *Cache, clk *fakeClock) *Cache {
 // redis-server. Freshness is judged by a fake clock; Redis keeps the
 // values (their hard TTL is real time, far longer than the test).
 func TestFreshness(t *testing.T) {
+	t.Parallel()
 	for _, b := range standaloneBackends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("StaleWhileRevalidate", func(t *testing.T) { testStaleWhileRevalidate(t, b) })
@@ -340,6 +341,7 @@ func testXFetchOneLoadPerExpiry(t *testing.T, b backend) {
 // TestXFetchProbability checks the per-read refresh probability against
 // exp(−t/(βΔ)) with a seeded random source.
 func TestXFetchProbability(t *testing.T) {
+	t.Parallel()
 	c := &Cache{cfg: cacheConfig{Options: Options{EarlyRefresh: 1.5}}}
 	rng := rand.New(rand.NewPCG(1, 2))
 	c.rand = rng.Float64
@@ -444,6 +446,7 @@ func TestFreshnessCloseStopsRefreshes(t *testing.T) {
 
 // SetExpiry lets the loader choose the entry's ttl and stale window.
 func TestSetExpiry(t *testing.T) {
+	t.Parallel()
 	for _, b := range standaloneBackends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			clk := newFakeClock()

@@ -17,6 +17,7 @@ import (
 // Set or Invalidate that their master already answered.
 
 func TestReadsReplicasDetected(t *testing.T) {
+	t.Parallel()
 	sentinel := []string{"127.0.0.1:1"} // never dialled: clients connect lazily
 	for _, tc := range []struct {
 		name string
@@ -50,6 +51,7 @@ func TestReadsReplicasDetected(t *testing.T) {
 // lag for sure: its link to the master is cut and cannot come back (a
 // wrong masterauth), and the test checks the replica is stale first.
 func TestReplicaReadsNoStaleHit(t *testing.T) {
+	t.Parallel()
 	cl := redistest.StartClusterReplicas(t, 3, 1)
 	ctx := context.Background()
 	ro := cl.Client(t, func(o *redis.ClusterOptions) { o.ReadOnly = true })

@@ -17,7 +17,7 @@ const (
 	// defaultReplicaTimeout bounds one WAIT for the replicas.
 	defaultReplicaTimeout = 250 * time.Millisecond
 	// roleEvery is how often the master's replicas are counted again (an
-	// INFO replication added to the pipeline of a script that is running anyway).
+	// INFO replication sent before the write that finds the count due).
 	roleEvery = time.Second
 )
 
@@ -26,16 +26,28 @@ const (
 // the same connection, so that a write the caller is told about has reached
 // the replicas a failover would promote.
 //
-// In auto mode (acks 0) it waits for every replica the master has had in
-// the last minute: the count is learned from INFO replication, sent in
-// the same pipeline about once a second, so a deposed master whose
-// replicas are leaving it refuses writes instead of acknowledging them.
+// In auto mode (acks 0) it waits for every replica this process saw
+// attached to the master in the last minute (see sightings): the count is
+// learned from INFO replication, sent before a write about once a second,
+// so a deposed master whose replicas are leaving it refuses writes
+// instead of acknowledging them.
+//
+// A master whose INFO is refused (an ACL user without +info, which
+// -@dangerous removes) cannot be counted. Then a strict wait (the Locker's
+// and the FencedStore's: mutual exclusion and fenced writes) reports every
+// write it would have waited for as not replicated, with an error that
+// names the fix; the Cache's waits for no replica and logs that once
+// (warn), since refusing would cost every miss its coalescing.
 type replicaWait struct {
 	acks     int // <0 never wait, 0 auto, >0 that many replicas
 	timeout  time.Duration
-	explicit bool   // the timeout was configured (see fitReadTimeout)
-	owner    string // "Options" or "LockerOptions", for messages
+	explicit bool                          // the timeout was configured (see fitReadTimeout)
+	owner    string                        // "Options", "LockerOptions" or "FencedStore", for messages
+	strict   bool                          // a master that cannot be counted refuses (see above)
+	warn     func(msg string, args ...any) // the lenient wait's one log of an uncounted master
+	warned   atomic.Bool
 
+	now   func() time.Time // the clock of the replica counts; tests replace it
 	mu    sync.Mutex
 	nodes map[string]*nodeReplicas // by master address; "" for non-cluster clients
 }
@@ -45,10 +57,46 @@ type nodeReplicas struct {
 	known   atomic.Bool  // an INFO has answered
 	checked atomic.Int64 // unix nanoseconds of the last INFO sent
 
-	mu     sync.Mutex
-	replid string    // the master's replication id when last seen
-	count  int       // replicas to wait for: the most seen lately
-	since  time.Time // when count was last seen (or set)
+	mu      sync.Mutex
+	replid  string // the master's replication id when last seen
+	count   int    // replicas to wait for: the most this process saw lately
+	refused error  // the INFO's error reply: the replicas cannot be counted
+}
+
+// sightings is what every Cache, Locker and FencedStore of the process saw
+// of each master, by its replication id: the most replicas attached to
+// it, and when that many were last seen. A store created after a master's
+// replicas left still waits for them, as one created before does.
+var sightings = struct {
+	mu   sync.Mutex
+	byID map[string]sighting
+}{byID: make(map[string]sighting)}
+
+type sighting struct {
+	count int
+	since time.Time
+}
+
+// sighted records that c replicas are attached to the master of
+// replication id as of now, and returns the count to wait for: the most
+// seen in the last replicaMemory (a promoted replica has a new id, and
+// its count starts afresh).
+func sighted(id string, c int, now time.Time) int {
+	sightings.mu.Lock()
+	defer sightings.mu.Unlock()
+	s, ok := sightings.byID[id]
+	if !ok || c >= s.count || now.Sub(s.since) > replicaMemory {
+		s = sighting{c, now}
+		if !ok && len(sightings.byID) >= 64 {
+			for k, o := range sightings.byID {
+				if now.Sub(o.since) > replicaMemory {
+					delete(sightings.byID, k)
+				}
+			}
+		}
+		sightings.byID[id] = s
+	}
+	return s.count
 }
 
 // replicaMemory is how long a master's replica count is remembered after
@@ -58,7 +106,7 @@ type nodeReplicas struct {
 const replicaMemory = time.Minute
 
 func newReplicaWait(acks int, timeout time.Duration) *replicaWait {
-	return &replicaWait{acks: acks, timeout: timeout, nodes: make(map[string]*nodeReplicas)}
+	return &replicaWait{acks: acks, timeout: timeout, now: time.Now, nodes: make(map[string]*nodeReplicas)}
 }
 
 func (w *replicaWait) node(addr string) *nodeReplicas {
@@ -72,46 +120,64 @@ func (w *replicaWait) node(addr string) *nodeReplicas {
 	return n
 }
 
-// need is the number of replicas a write must reach on node n.
-func (w *replicaWait) need(n *nodeReplicas) int {
+// need is the number of replicas a write must reach on node n, or, for a
+// strict wait on a master that cannot be counted, an error wrapping
+// [ErrNotReplicated] to report the write with.
+func (w *replicaWait) need(n *nodeReplicas) (int, error) {
 	switch {
 	case w.acks < 0:
-		return 0
+		return 0, nil
 	case w.acks > 0:
-		return w.acks
+		return w.acks, nil
 	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.count
+	count, refused := n.count, n.refused
+	n.mu.Unlock()
+	if refused == nil {
+		return count, nil
+	}
+	if w.strict {
+		return 0, fmt.Errorf("%w: the master's replicas cannot be counted (INFO replication: %v): allow the Redis user INFO (+info), or set %s.ReplicaAcks", ErrNotReplicated, refused, w.owner)
+	}
+	if w.warn != nil && w.warned.CompareAndSwap(false, true) {
+		w.warn("herd: writes wait for no replica: the master's replicas cannot be counted; allow the Redis user INFO (+info), or set Options.ReplicaAcks", "err", refused)
+	}
+	return 0, nil
 }
 
-// learn records an INFO replication reply. The count to wait for is the
-// most replicas attached to this master (this replication id: a promoted
-// replica starts a new one, and its count starts afresh) in the last
-// replicaMemory. A master with no replica attached counts one while its
-// replication backlog is active: Redis creates the backlog when the first
-// replica attaches and frees it only repl-backlog-ttl (default 1h) after
-// the last one left, so a deposed master whose replicas moved to the new
-// master is caught by a process that never saw them attached.
-func (n *nodeReplicas) learn(cmd *redis.StringCmd) {
+// learn records an INFO replication reply, as of now. The count to wait
+// for is the most replicas this process saw attached to this master (this
+// replication id: a promoted replica starts a new one, and its count
+// starts afresh) in the last replicaMemory (see sighted); a process that
+// never saw the master learns what is attached now. (Redis's replication
+// backlog says nothing useful here: it lives repl-backlog-ttl, an hour by
+// default, after the last replica left, so counting it refused every
+// write of a new process for that hour after a replica was removed for
+// good.) A NOPERM error reply (an ACL) marks the master uncountable.
+func (n *nodeReplicas) learn(cmd *redis.StringCmd, now time.Time) {
 	info, err := cmd.Result()
-	if err != nil || infoValue(info, "role") != "master" {
+	if err != nil {
+		// NOPERM: an ACL keeps this user from INFO, and the master may
+		// have replicas. Another error reply (a server without the
+		// section, such as miniredis) is a server without replicas.
+		if !isInfraError(err) && strings.HasPrefix(err.Error(), "NOPERM") {
+			n.mu.Lock()
+			n.refused = err
+			n.mu.Unlock()
+		}
+		return
+	}
+	if infoValue(info, "role") != "master" {
 		return
 	}
 	c, _ := strconv.Atoi(infoValue(info, "connected_slaves"))
-	if c == 0 && infoValue(info, "repl_backlog_active") == "1" && strings.Trim(infoValue(info, "master_replid2"), "0") == "" {
-		// A master that never was a replica, with a backlog: it had
-		// replicas, which left (a deposed master). A promoted replica
-		// keeps its backlog too, but has a second replication id.
-		c = 1
-	}
 	id := infoValue(info, "master_replid")
-	now := time.Now()
+	if id != "" {
+		c = sighted(id, c, now)
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if id != n.replid || c >= n.count || now.Sub(n.since) > replicaMemory {
-		n.replid, n.count, n.since = id, c, now
-	}
+	n.replid, n.count, n.refused = id, c, nil
 }
 
 // infoValue returns field's value in an INFO reply ("" when absent).
@@ -135,7 +201,7 @@ type pipeliner interface {
 // second is an error wrapping [ErrNotReplicated] when the script ran but
 // too few replicas acknowledged within the timeout, or the WAIT's own
 // error. Callers ignore the second when the script wrote nothing.
-func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route string, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
+func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route string, s *script, keys []string, args ...any) (*redis.Cmd, error) {
 	return w.runWith(ctx, rdb, route, nil, s, keys, args...)
 }
 
@@ -143,8 +209,8 @@ func (w *replicaWait) run(ctx context.Context, rdb redis.UniversalClient, route 
 // pipeline as the script, ahead of the WAIT. rdb must then be a client of
 // one master (not a Cluster or a Ring, where side's key may live on
 // another master). side has its result when runWith returns.
-func (w *replicaWait) runWith(ctx context.Context, rdb redis.UniversalClient, route string, side redis.Cmder, s *redis.Script, keys []string, args ...any) (*redis.Cmd, error) {
-	if w.acks < 0 {
+func (w *replicaWait) runWith(ctx context.Context, rdb redis.UniversalClient, route string, side redis.Cmder, s *script, keys []string, args ...any) (*redis.Cmd, error) {
+	if w.acks < 0 || s.kind != writes {
 		return runScript(ctx, rdb, side, s, keys, args...), nil
 	}
 	target, addr, cluster, err := pipelineTarget(ctx, rdb, route)
@@ -156,52 +222,42 @@ func (w *replicaWait) runWith(ctx context.Context, rdb redis.UniversalClient, ro
 	n := w.node(addr)
 	// Count the replicas before the write, not after it: a replica that
 	// attached since the last count must be waited for by this write.
-	due := w.due(n)
-	if due {
+	if w.due(n) {
 		w.probe(ctx, target, n)
-		due = false
 	}
-	need := w.need(n)
-	if need == 0 && !due {
-		return runScript(ctx, rdb, side, s, keys, args...), nil
+	need, nerr := w.need(n)
+	if need == 0 {
+		return runScript(ctx, rdb, side, s, keys, args...), nerr
 	}
 	for attempt := 0; ; attempt++ {
 		pipe := target.Pipeline()
 		var cmd *redis.Cmd
 		if attempt == 0 {
-			cmd = s.EvalSha(ctx, pipe, keys, args...)
+			cmd = s.rs.EvalSha(ctx, pipe, keys, args...)
 			if side != nil {
 				_ = pipe.Process(ctx, side)
 			}
 		} else {
-			cmd = s.Eval(ctx, pipe, keys, args...)
+			cmd = s.rs.Eval(ctx, pipe, keys, args...)
 		}
 		var wait *redis.IntCmd
 		if need > 0 {
 			wait = redis.NewIntCmd(ctx, "WAIT", need, w.timeout.Milliseconds())
 			_ = pipe.Process(ctx, wait)
 		}
-		var role *redis.StringCmd
-		if due {
-			role = newReplicationInfo(ctx)
-			_ = pipe.Process(ctx, role)
-		}
 		_, _ = pipe.Exec(ctx)
 		if attempt == 0 && isNoScript(cmd.Err()) {
 			continue // the server does not have the script yet: send it
 		}
-		if role != nil {
-			n.learn(role)
-		}
 		if cluster && isRedirect(cmd.Err()) {
 			// The key's slot moved: run it where the cluster client says.
 			// The replicas of that master were not waited for.
-			if cmd = s.Run(ctx, rdb, keys, args...); cmd.Err() != nil || wait == nil {
+			if cmd = s.rs.Run(ctx, rdb, keys, args...); cmd.Err() != nil || wait == nil {
 				return cmd, nil
 			}
 			return cmd, fmt.Errorf("%w: the key's slot moved while waiting", ErrNotReplicated)
 		}
-		if cmd.Err() != nil || wait == nil {
+		if cmd.Err() != nil {
 			return cmd, nil
 		}
 		return cmd, waitError(wait, need, w.timeout)
@@ -209,16 +265,16 @@ func (w *replicaWait) runWith(ctx context.Context, rdb redis.UniversalClient, ro
 }
 
 // runScript runs s on rdb, with side, when not nil, in the same pipeline.
-func runScript(ctx context.Context, rdb redis.UniversalClient, side redis.Cmder, s *redis.Script, keys []string, args ...any) *redis.Cmd {
+func runScript(ctx context.Context, rdb redis.UniversalClient, side redis.Cmder, s *script, keys []string, args ...any) *redis.Cmd {
 	if side == nil {
-		return s.Run(ctx, rdb, keys, args...)
+		return s.rs.Run(ctx, rdb, keys, args...)
 	}
 	pipe := rdb.Pipeline()
-	cmd := s.EvalSha(ctx, pipe, keys, args...)
+	cmd := s.rs.EvalSha(ctx, pipe, keys, args...)
 	_ = pipe.Process(ctx, side)
 	_, _ = pipe.Exec(ctx)
 	if isNoScript(cmd.Err()) {
-		cmd = s.Run(ctx, rdb, keys, args...) // side has its answer already
+		cmd = s.rs.Run(ctx, rdb, keys, args...) // side has its answer already
 	}
 	return cmd
 }
@@ -250,7 +306,7 @@ func pipelineTarget(ctx context.Context, rdb redis.UniversalClient, route string
 // due reports whether n's replicas should be counted again, and if so
 // records that they are being counted now.
 func (w *replicaWait) due(n *nodeReplicas) bool {
-	if now := time.Now().UnixNano(); w.acks == 0 && (!n.known.Load() || now-n.checked.Load() > int64(roleEvery)) {
+	if now := w.now().UnixNano(); w.acks == 0 && (!n.known.Load() || now-n.checked.Load() > int64(roleEvery)) {
 		n.checked.Store(now)
 		return true
 	}
@@ -266,10 +322,11 @@ func (w *replicaWait) probe(ctx context.Context, target pipeliner, n *nodeReplic
 	pipe := target.Pipeline()
 	_ = pipe.Process(ctx, info)
 	_, _ = pipe.Exec(ctx)
-	n.checked.Store(time.Now().UnixNano()) // counted as of the reply: not due again at once
-	n.learn(info)
+	now := w.now()
+	n.checked.Store(now.UnixNano()) // counted as of the reply: not due again at once
+	n.learn(info, now)
 	if err := info.Err(); err == nil || !isInfraError(err) {
-		n.known.Store(true) // an INFO refused (ACL) is not asked again
+		n.known.Store(true) // an INFO refused (ACL) is asked again each roleEvery too
 	}
 }
 

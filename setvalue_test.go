@@ -21,6 +21,7 @@ func (failCodec) Marshal(any) ([]byte, error) { return nil, errCodec }
 // is what Fetch[T] returns, without calling the loader; a tagged one goes
 // with its tag.
 func TestSetValueRoundTrip(t *testing.T) {
+	t.Parallel()
 	type user struct {
 		ID   int
 		Name string
@@ -58,6 +59,7 @@ func TestSetValueRoundTrip(t *testing.T) {
 // TestSetValueCodecError: a value the codec cannot encode is a wrapped
 // codec error and nothing is written; the same for JSON's own failure.
 func TestSetValueCodecError(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	c := New(rdb, &Options{Codec: failCodec{}})

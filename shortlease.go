@@ -16,20 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var (
-	//go:embed scripts/acquire.lua
-	acquireLua    string
-	acquireScript = redis.NewScript(acquireLua)
-
-	//go:embed scripts/extend.lua
-	extendLua    string
-	extendScript = redis.NewScript(extendLua)
-
-	//go:embed scripts/release.lua
-	releaseLua    string
-	releaseScript = redis.NewScript(releaseLua)
-)
-
 // Locker hands out short leases in Redis: mutual exclusion per key across
 // every process that shares the Redis, with a fencing token per lease.
 //
@@ -113,10 +99,11 @@ func (l *Locker) isClosed() bool {
 
 // TryAcquire takes the lease on key for ttl, in one round trip, or fails at
 // once with an error that wraps [ErrLeaseHeld] when another owner holds
-// it. Any string but the empty one is a valid key ([ErrInvalidKey]); ttl
-// must be between 10ms and 50 years ([ErrInvalidTTL]): herd counts a lease
-// valid for ttl less 1% + 2ms of clock-drift allowance, and a shorter lease
-// would be spent before the reply arrived. After [Locker.Close] it returns
+// it. Any string of 1 to [MaxLockKeyBytes] bytes is a valid key
+// ([ErrInvalidKey] otherwise, see [CheckLockKey]); ttl must be between
+// 10ms and 50 years ([ErrInvalidTTL]): herd counts a lease valid for ttl
+// less 1% + 2ms of clock-drift allowance, and a shorter lease would be
+// spent before the reply arrived. After [Locker.Close] it returns
 // [ErrClosed].
 //
 // The lease ends after ttl unless extended ([Lease.Extend],
@@ -229,6 +216,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 func (l *Locker) prepare(key string, ttl time.Duration) (keyFamily, error) {
 	if l.isClosed() {
 		return keyFamily{}, ErrClosed
+	}
+	if err := CheckLockKey(key); err != nil {
+		return keyFamily{}, err
 	}
 	if err := checkLeaseTTL(ttl); err != nil {
 		return keyFamily{}, err
@@ -373,7 +363,7 @@ func (l *Locker) parseAcquire(ctx context.Context, key string, keys keyFamily, t
 	}
 	token, err := strconv.ParseUint(val, 10, 64)
 	if err != nil {
-		return attempted{}, fmt.Errorf("herd: acquire lease %q: bad fence %q", key, val)
+		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w: bad fence %.40q", key, errBadReply, val)
 	}
 	if werr != nil {
 		// The master took the lease but too few replicas have it: a
@@ -448,7 +438,9 @@ type watchdog struct {
 // Redis restarts and failovers (each token is at least the Redis clock in
 // microseconds, and the acquire waited for the replicas). Pass it
 // to the protected resource, which must reject a token lower than the
-// highest it has seen ([FencedStore] does that for a Redis key).
+// highest it has seen and accept an equal one ([FencedStore] does that
+// for a Redis key); [LeaseHandle] and docs/locks.md ("Fencing tokens")
+// say why the values are so large.
 func (l *Lease) Token() uint64 { return l.token }
 
 // Key returns the user key the lease was acquired for.
@@ -556,7 +548,12 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 // maxHold after the acquire. maxHold is not an interval but an absolute
 // cap on the whole holding, counted from the acquire: the last renewal
 // before it is shortened so that the lease ends at the cap, and a stuck
-// holder cannot keep it forever. A maxHold of zero or less means no cap.
+// holder cannot keep it forever. A cap that comes before the lease as
+// acquired would end is kept too: Deadline becomes the cap (Lost closes
+// at it) and the watchdog shortens the lease in Redis to it at once; when
+// the cap has already passed (KeepAlive called late) or that renewal
+// failed, the watchdog deletes the lease in Redis at the cap, so that no
+// other owner is kept out past it. A maxHold of zero or less means no cap.
 //
 // A Redis error during a renewal is retried until the lease's validity
 // runs out; then [Lease.Lost] is closed. The watchdog goroutine ends with
@@ -577,6 +574,13 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	var capAt time.Time
 	if maxHold > 0 {
 		capAt = l.acquired.Add(maxHold)
+		if capAt.Before(l.deadline) {
+			// The lease as acquired outlives the cap: the holding ends
+			// at the cap locally now, and in Redis with the watchdog's
+			// first renewal, sent at once and shortened to the cap.
+			l.deadline = capAt
+			l.expiry.Reset(time.Until(capAt))
+		}
 	}
 	go l.renew(w, capAt)
 }
@@ -587,8 +591,21 @@ func (l *Lease) renew(w *watchdog, capAt time.Time) {
 	timer := time.NewTimer(l.ttl)
 	defer timer.Stop()
 	retry := min(max(l.ttl/20, time.Millisecond), 50*time.Millisecond)
-	for {
+	capped := false // a renewal shortened the lease in Redis to the cap
+	defer func() {
+		// The holding ended at the cap without a renewal that shortened
+		// the lease in Redis to it (KeepAlive came after the cap, or the
+		// capped renewal failed): delete the key, so that it does not
+		// keep other owners out to the lease's own end.
+		if !capAt.IsZero() && !capped && w.ctx.Err() == nil && time.Until(capAt) < time.Millisecond {
+			l.endAtCap(w.ctx)
+		}
+	}()
+	for first := true; ; first = false {
 		interval := l.ttl/3 + rand.N(l.ttl/6+1)
+		if first && !capAt.IsZero() && capAt.Before(l.acquired.Add(l.ttl)) {
+			interval = 0 // the lease as acquired reaches past the cap: shorten it now
+		}
 		timer.Reset(interval)
 		select {
 		case <-w.ctx.Done():
@@ -625,8 +642,19 @@ func (l *Lease) renew(w *watchdog, capAt time.Time) {
 			}
 		}
 		if ext < l.ttl {
+			capped = true
 			return // the capped, final renewal
 		}
+	}
+}
+
+// endAtCap deletes the lease in Redis, if it is still this owner's, once
+// its KeepAlive cap has ended the holding.
+func (l *Lease) endAtCap(ctx context.Context) {
+	if ok, err := l.releaseWith(ctx, msgReleased); err == nil && ok > 0 {
+		l.mu.Lock()
+		l.freed = true
+		l.mu.Unlock()
 	}
 }
 
@@ -686,7 +714,8 @@ func (l *Lease) releaseFailed(ctx context.Context, msg string, base, cap, marker
 		names = append(names, l.keys.backoff, l.keys.failed)
 		args = append(args, base.Milliseconds(), cap.Milliseconds(), marker.Milliseconds())
 	}
-	return releaseScript.Run(ctx, l.locker.rdb, names, args...).Int()
+	cmd, _ := l.locker.cfg.repl.run(ctx, l.locker.rdb, l.keys.fence, releaseScript, names, args...)
+	return cmd.Int()
 }
 
 // stopWatchdog stops the KeepAlive goroutine, if any, and waits for it,
@@ -736,11 +765,11 @@ func drift(ttl time.Duration) time.Duration {
 // parsePair reads a script's {status, value, ...} reply.
 func parsePair(res []any) (int64, string, error) {
 	if len(res) < 2 {
-		return 0, "", fmt.Errorf("unexpected script reply %v", res)
+		return 0, "", fmt.Errorf("%w: %.200v", errBadReply, res)
 	}
 	ok, isInt := res[0].(int64)
 	if !isInt {
-		return 0, "", fmt.Errorf("unexpected script reply %v", res)
+		return 0, "", fmt.Errorf("%w: %.200v", errBadReply, res)
 	}
 	switch v := res[1].(type) {
 	case string:
@@ -748,7 +777,7 @@ func parsePair(res []any) (int64, string, error) {
 	case int64:
 		return ok, strconv.FormatInt(v, 10), nil
 	}
-	return 0, "", fmt.Errorf("unexpected script reply %v", res)
+	return 0, "", fmt.Errorf("%w: %.200v", errBadReply, res)
 }
 
 // jitter returns d scaled by a random factor in [0.75, 1.25).

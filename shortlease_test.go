@@ -19,6 +19,7 @@ import (
 // TestLease runs the lease suite on miniredis, a real redis-server and a
 // real 3-master Redis Cluster.
 func TestLease(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("AcquireRelease", func(t *testing.T) { testAcquireRelease(t, b) })
@@ -186,8 +187,11 @@ func testHostileKeys(t *testing.T, b backend) {
 		}
 	}()
 	// Every key is held at the same time: none may collide with another.
+	// The long one is cut to a lock key's bound.
 	for _, k := range hostileKeys() {
-		le, err := l.TryAcquire(ctx, t.Name()+k, 5*time.Second)
+		k = t.Name() + k
+		k = k[:min(len(k), MaxLockKeyBytes)]
+		le, err := l.TryAcquire(ctx, k, 5*time.Second)
 		if err != nil {
 			t.Fatalf("TryAcquire(%q): %v", k, err)
 		}
@@ -243,7 +247,7 @@ func testRetriedScripts(t *testing.T, b backend) {
 	owner := newOwner()
 	run := func() (int64, string) {
 		t.Helper()
-		res, err := acquireScript.Run(ctx, b.rdb, []string{keys.lease, keys.fence}, owner, 2000, 60000).Slice()
+		res, err := acquireScript.rs.Run(ctx, b.rdb, []string{keys.lease, keys.fence}, owner, 2000, 60000).Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +269,7 @@ func testRetriedScripts(t *testing.T, b backend) {
 	value := owner + ":" + fence1
 	release := func() int {
 		t.Helper()
-		n, err := releaseScript.Run(ctx, b.rdb, []string{keys.lease, keys.fence}, value, "PUBLISH", keys.channel, msgReleased).Int()
+		n, err := releaseScript.rs.Run(ctx, b.rdb, []string{keys.lease, keys.fence}, value, "PUBLISH", keys.channel, msgReleased).Int()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -685,6 +689,7 @@ func TestLeaseLostWhenRedisStops(t *testing.T) {
 // the race's precondition, a script sent for a caller that left, visible
 // on every run.
 func TestLockerEndedContextNeverAcquires(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	var sent atomic.Int64
 	rdb.AddHook(cmdHook{before: func(cmd redis.Cmder) {
@@ -709,5 +714,97 @@ func TestLockerEndedContextNeverAcquires(t *testing.T) {
 	l.Close() // waits for any call still running for a caller that left
 	if n := sent.Load(); n != 0 {
 		t.Errorf("%d scripts sent for calls whose ctx had ended, want 0", n)
+	}
+}
+
+// TestKeepAliveCapEndsTheHoldingBeforeTheFirstRenewal: KeepAlive's
+// promise of "an absolute cap on the whole holding, counted from the
+// acquire" holds for a cap that comes before the first renewal (a third
+// of the lease): a 6s lease with KeepAlive(300ms) is lost at the cap, and
+// its key in Redis ends with it, instead of running to 6s.
+func TestKeepAliveCapEndsTheHoldingBeforeTheFirstRenewal(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	l := NewLocker(rdb, nil)
+	defer l.Close()
+	ctx := context.Background()
+	lease, err := l.TryAcquire(ctx, testKey(t), 6*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	checkCapEndsHolding(t, lease, lease.acquired, 300*time.Millisecond)
+	waitFor(t, 3*time.Second, "the lease key to expire at the cap", func() bool {
+		return rdb.Exists(ctx, lease.keys.lease).Val() == 0
+	})
+	if _, err := l.TryAcquire(ctx, testKey(t), time.Second); err != nil {
+		t.Errorf("TryAcquire after the cap: %v, want the lease free", err)
+	}
+}
+
+// checkCapEndsHolding calls KeepAlive(maxHold) on lease, acquired at
+// acquired for longer than maxHold, and checks that the holding ends at
+// the cap: Deadline at most the cap, Lost closed soon after it.
+func checkCapEndsHolding(t *testing.T, lease LeaseHandle, acquired time.Time, maxHold time.Duration) {
+	t.Helper()
+	lease.KeepAlive(maxHold)
+	if d := lease.Deadline(); d.After(acquired.Add(maxHold)) {
+		t.Errorf("Deadline %v after the acquire, want at most the cap %v", d.Sub(acquired), maxHold)
+	}
+	select {
+	case <-lease.Lost():
+	case <-time.After(3 * time.Second):
+		t.Fatalf("Lost still open 3s after the acquire with a %v cap", maxHold)
+	}
+}
+
+// TestKeepAliveCapEndsTheHoldingWhenCalledAfterTheCap: KeepAlive's
+// promise, "an absolute cap on the whole holding, counted from the
+// acquire", and "a cap that comes before the lease as acquired would end
+// is kept too: Deadline becomes the cap (Lost closes at it) and the
+// watchdog shortens the lease in Redis to it at once". A holder calls
+// KeepAlive(300ms) on a 6s lease once its first 300ms are already spent
+// (it did some work first, as a Job does between its acquire and
+// KeepAlive): Lost closes at once, but the watchdog's immediate renewal
+// finds less than a millisecond to the cap and sends nothing, so the key
+// stays in Redis to the lease's own end and every other instance is kept
+// out for 5 more seconds by a holding that has ended.
+func TestKeepAliveCapEndsTheHoldingWhenCalledAfterTheCap(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	holder, other := NewLocker(rdb, nil), NewLocker(rdb, nil)
+	defer holder.Close()
+	defer other.Close()
+	ctx := context.Background()
+	key := testKey(t)
+	const ttl, maxHold = 6 * time.Second, 300 * time.Millisecond
+	lease, err := holder.TryAcquire(ctx, key, ttl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	// The holder's work before KeepAlive outlasts the cap.
+	time.Sleep(time.Until(lease.acquired.Add(maxHold + 50*time.Millisecond)))
+	lease.KeepAlive(maxHold)
+	select {
+	case <-lease.Lost():
+	case <-time.After(time.Second):
+		t.Fatalf("Lost still open %v after the acquire with a %v cap", time.Since(lease.acquired), maxHold)
+	}
+	// Give the watchdog's "at once" renewal a generous second to land.
+	deadline := time.Now().Add(time.Second)
+	for rdb.Exists(ctx, lease.keys.lease).Val() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	since := time.Since(lease.acquired)
+	_, err = other.TryAcquire(ctx, key, time.Second)
+	if errors.Is(err, ErrLeaseHeld) {
+		t.Fatalf("TryAcquire by another instance %v after the acquire (cap %v, Lost closed) = %v; the key lives %v more in Redis",
+			since.Round(time.Millisecond), maxHold, err, rdb.PTTL(ctx, lease.keys.lease).Val())
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }

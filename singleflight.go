@@ -516,7 +516,16 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 	c.nearWrote(f.key) // this process's near copy goes before the value reaches anyone
 	ok, err := cmd.Int()
 	if err == nil && ok == 1 && werr != nil {
-		err = werr // stored on the master only: a failover may lose it
+		// Stored and published on the master, not confirmed on its
+		// replicas: a failover may lose it. Say so, not "not stored".
+		if traced != nil {
+			traced(CommitUnreplicated)
+		}
+		c.stats.commitsUnreplicated.Add(1)
+		c.sig.commit(f.key, CommitUnreplicated)
+		c.redisFailed(werr) // an outage only if the WAIT found Redis down
+		c.log(slog.LevelWarn, "herd: commit stored on the master, not confirmed on its replicas; a failover may lose it", "key", f.key, "err", werr)
+		return currency{from: sent} // current on the master when it ran
 	}
 	if traced != nil {
 		switch {
@@ -534,9 +543,6 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 		c.sig.commit(f.key, CommitError)
 		c.redisFailed(err)
 		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
-		if ok == 1 && errors.Is(err, ErrNotReplicated) {
-			return currency{from: sent} // current on the master when it ran
-		}
 		if isInfraError(err) {
 			// Redis became unreachable: like a load while it is down,
 			// nothing can check the value (see currency).
@@ -558,7 +564,7 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 // again (the value may have landed before the subscription), then wait for
 // the wake-up message, a poll, or the budget.
 func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
-	c.stats.follows.Add(1)
+	c.stats.waits.Add(1)
 	start := time.Now()
 	end := WaitPolled
 	traced := c.sig.startWait(f)
@@ -1120,18 +1126,18 @@ func (c *Cache) redisAnswered() {
 // failed lease's fence (so followers of another leader ignore it) and the
 // error text.
 func failMessage(kind byte, lease *Lease, text string) string {
-	return string([]byte{msgFailed, kind}) + strconv.FormatUint(lease.token, 10) + "|" + cutText(text)
+	return string([]byte{msgFailed, kind}) + strconv.FormatUint(lease.token, 10) + "|" + cutText(text, maxFailText)
 }
 
-// cutText cuts text to at most maxFailText bytes, not inside a UTF-8
-// sequence: a follower's LoadError carries valid text (which a JSON log
-// line or a gRPC status needs) whenever the leader's was.
-func cutText(text string) string {
-	if len(text) <= maxFailText {
+// cutText cuts text to at most n bytes, not inside a UTF-8 sequence: a
+// follower's LoadError (n is maxFailText) carries valid text, which a
+// JSON log line or a gRPC status needs, whenever the leader's was.
+func cutText(text string, n int) string {
+	if len(text) <= n {
 		return text
 	}
-	cut := maxFailText
-	for cut > maxFailText-utf8.UTFMax && !utf8.RuneStart(text[cut]) {
+	cut := n
+	for cut > n-utf8.UTFMax && !utf8.RuneStart(text[cut]) {
 		cut--
 	}
 	return text[:cut]

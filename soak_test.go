@@ -112,6 +112,7 @@ type soakReport struct {
 }
 
 func TestSoak(t *testing.T) {
+	t.Parallel()
 	procs, g, dur := 2, 6, 7*time.Second
 	full := os.Getenv("HERD_SOAK") == "1"
 	if full {
@@ -120,8 +121,8 @@ func TestSoak(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client(t)
 	ctx := context.Background()
-	for _, s := range []*redis.Script{acquireScript, extendScript, releaseScript, commitScript, setScript, invalidateScript} {
-		if err := s.Load(ctx, admin).Err(); err != nil {
+	for _, s := range []*script{acquireScript, extendScript, releaseScript, commitScript, setScript, invalidateScript} {
+		if err := s.rs.Load(ctx, admin).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -219,9 +220,9 @@ func soakFaults(p *faultproxy.Proxy, end time.Time) <-chan []soakFault {
 		var fl []soakFault
 		rng := rand.New(rand.NewSource(time.Now().UnixNano()))
 		shaOf := map[string][]byte{
-			"acquire": []byte(acquireScript.Hash()), "commit": []byte(commitScript.Hash()),
-			"release": []byte(releaseScript.Hash()), "set": []byte(setScript.Hash()),
-			"invalidate": []byte(invalidateScript.Hash()),
+			"acquire": []byte(acquireScript.rs.Hash()), "commit": []byte(commitScript.rs.Hash()),
+			"release": []byte(releaseScript.rs.Hash()), "set": []byte(setScript.rs.Hash()),
+			"invalidate": []byte(invalidateScript.rs.Hash()),
 		}
 		oneShot := func(kind string, arm func() *faultproxy.Fault) {
 			f := arm()

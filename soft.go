@@ -5,14 +5,6 @@ import (
 	_ "embed"
 	"fmt"
 	"time"
-
-	"github.com/redis/go-redis/v9"
-)
-
-var (
-	//go:embed scripts/soft.lua
-	softLua    string
-	softScript = redis.NewScript(softLua)
 )
 
 // softTries bounds the compare-and-swap rounds of one InvalidateSoft. A

@@ -16,6 +16,7 @@ import (
 // TestInvalidateSoft runs the soft invalidation suite on miniredis, a
 // real redis-server and a real 3-master Redis Cluster.
 func TestInvalidateSoft(t *testing.T) {
+	t.Parallel()
 	for _, b := range backends(t) {
 		t.Run(b.name, func(t *testing.T) {
 			t.Run("ServesStaleOneRebuild", func(t *testing.T) { testSoftServesStaleOneRebuild(t, b) })
@@ -402,7 +403,7 @@ type softRaceHook struct {
 func (h *softRaceHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *softRaceHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if args := cmd.Args(); len(args) > 1 && (args[1] == softScript.Hash() || args[1] == softLua) && h.n.Add(-1) >= 0 {
+		if args := cmd.Args(); len(args) > 1 && (args[1] == softScript.rs.Hash() || args[1] == softLua) && h.n.Add(-1) >= 0 {
 			h.write()
 		}
 		return next(ctx, cmd)
@@ -417,6 +418,7 @@ func (h *softRaceHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // back the new value, which the next round marks stale; after four lost
 // rounds the key is invalidated outright.
 func TestInvalidateSoftLostRace(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	for _, tc := range []struct {
 		races int
@@ -434,7 +436,7 @@ func TestInvalidateSoftLostRace(t *testing.T) {
 				}
 			}}
 			// Loaded first, so that each round sends the script once.
-			if err := softScript.Load(ctx, hooked).Err(); err != nil {
+			if err := softScript.rs.Load(ctx, hooked).Err(); err != nil {
 				t.Fatal(err)
 			}
 			h.n.Store(int64(tc.races))
@@ -471,6 +473,7 @@ func TestInvalidateSoftLostRace(t *testing.T) {
 // TestInvalidateSoftNotReplicated: with too few replicas, InvalidateSoft
 // reports ErrNotReplicated as Invalidate does; the master has the write.
 func TestInvalidateSoftNotReplicated(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()
@@ -495,6 +498,7 @@ func TestInvalidateSoftNotReplicated(t *testing.T) {
 // TestInvalidateSoftRedisDown: with Redis gone, InvalidateSoft returns
 // the Redis error (as Invalidate does), and works again once it is back.
 func TestInvalidateSoftRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	c := newTestCache(t, srv.Client(t, shortTimeouts), nil)
 	ctx := context.Background()

@@ -56,20 +56,6 @@ import (
 // to answer within tagWindow of that read; one without G0 is refused.
 // docs/design.md has the full argument.
 
-var (
-	//go:embed scripts/tagadd.lua
-	tagAddLua    string
-	tagAddScript = redis.NewScript(tagAddLua)
-
-	//go:embed scripts/tagpurge.lua
-	tagPurgeLua    string
-	tagPurgeScript = redis.NewScript(tagPurgeLua)
-
-	//go:embed scripts/tagbump.lua
-	tagBumpLua    string
-	tagBumpScript = redis.NewScript(tagBumpLua)
-)
-
 // Limits on tags.
 const (
 	// MaxTags is the most distinct tags one value may carry.
@@ -142,8 +128,9 @@ func checkTags(tags []string) ([]string, error) {
 // tagging is the tags a value is to be stored with: none, a valid set,
 // or the error of an invalid one (then the value is not stored).
 type tagging struct {
-	tags []string
-	err  error
+	tags   []string
+	err    error
+	minted bool // SetMintedTags: admitted while the index is below half its bound
 }
 
 func (t tagging) any() bool { return len(t.tags) > 0 || t.err != nil }
@@ -288,6 +275,23 @@ func SetTags(ctx context.Context, tags ...string) error {
 	return err
 }
 
+// SetMintedTags is [SetTags] for the value of a key that any client can
+// mint (an HTTP URL with a query string, a 404 page): the key is
+// recorded in a tag's index only while the index holds fewer than half
+// of [Options.MaxTagEntries] keys (a key already in it stays), and the
+// value is otherwise not stored, as when the index is full
+// ([ErrTagFull]). Keys minted without bound then never fill an index
+// for the keys tagged with SetTags: those keep half of it at least.
+func SetMintedTags(ctx context.Context, tags ...string) error {
+	err := SetTags(ctx, tags...)
+	if e, ok := ctx.Value(expiryKey{}).(*expiry); ok {
+		e.mu.Lock()
+		e.tags.minted = true
+		e.mu.Unlock()
+	}
+	return err
+}
+
 // SetTags tags the value this Fill commits, as [SetTags] does for a
 // loader's. Call it before Commit; each call replaces the tags of the
 // previous one. It returns an error wrapping [ErrInvalidTag] for an
@@ -302,10 +306,29 @@ func (fl *Fill) SetTags(tags ...string) error {
 	return err
 }
 
+// SetMintedTags is [Fill.SetTags] for a key that any client can mint; see
+// the package-level [SetMintedTags].
+func (fl *Fill) SetMintedTags(tags ...string) error {
+	err := fl.SetTags(tags...)
+	fl.tagMu.Lock()
+	defer fl.tagMu.Unlock()
+	fl.tags.minted = true
+	return err
+}
+
 func (fl *Fill) tagging() tagging {
 	fl.tagMu.Lock()
 	defer fl.tagMu.Unlock()
 	return fl.tags
+}
+
+// tagBound is the most keys a tag's index may hold when t's key is added:
+// MaxTagEntries, half of it for a minted key (SetMintedTags).
+func (c *Cache) tagBound(t tagging) int {
+	if t.minted {
+		return max(c.cfg.MaxTagEntries/2, 1)
+	}
+	return c.cfg.MaxTagEntries
 }
 
 // indexTags records f's key in the index of each of its tags before its
@@ -316,7 +339,7 @@ func (fl *Fill) tagging() tagging {
 func (c *Cache) indexTags(f *flight, lease *Lease, t tagging, ttl time.Duration, loadStart time.Time) (cur currency, ok bool) {
 	purged, err := false, t.err
 	if err == nil {
-		purged, err = c.recordTags(c.ctx, f.keys.hash(), t.tags, ttl, &f.gen)
+		purged, err = c.recordTags(c.ctx, f.keys.hash(), t.tags, ttl, &f.gen, c.tagBound(t))
 	}
 	if c.tagHooks != nil && c.tagHooks.indexed != nil {
 		c.tagHooks.indexed(f.key, purged, err)
@@ -344,7 +367,10 @@ func (c *Cache) indexTags(f *flight, lease *Lease, t tagging, ttl time.Duration,
 // purged reports that a purge of a tag may have come after the rebuild
 // began: its TAGADD found the tag purged after gen, or, without gen,
 // purged in the last purgedTTL.
-func (c *Cache) recordTags(ctx context.Context, member string, tags []string, ttl time.Duration, gen *generation) (purged bool, err error) {
+//
+// most is the most keys a tag's index may hold with this one (see
+// tagBound).
+func (c *Cache) recordTags(ctx context.Context, member string, tags []string, ttl time.Duration, gen *generation, most int) (purged bool, err error) {
 	g0, base := "", time.Time{}
 	if gen != nil {
 		g0, base = "?", gen.sent
@@ -372,7 +398,7 @@ func (c *Cache) recordTags(ctx context.Context, member string, tags []string, tt
 	for i, tag := range tags {
 		tk := makeTagKeys(c.cfg.Prefix, tag)
 		calls[i] = &scriptCall{route: tk.index, keys: []string{tk.index, tk.purged},
-			args: []any{g0, member, ttl.Milliseconds(), tagGrace.Milliseconds(), c.cfg.MaxTagEntries}}
+			args: []any{g0, member, ttl.Milliseconds(), tagGrace.Milliseconds(), most}}
 	}
 	c.locker.cfg.repl.runBatch(ctx, c.rdb, tagAddScript, calls)
 	var errs []error
@@ -382,7 +408,7 @@ func (c *Cache) recordTags(ctx context.Context, member string, tags []string, tt
 		case err != nil:
 			errs = append(errs, fmt.Errorf("herd: record tag %q: %w", tags[i], err))
 		case n == 2:
-			errs = append(errs, fmt.Errorf("%w: tag %q holds %d keys", ErrTagFull, tags[i], c.cfg.MaxTagEntries))
+			errs = append(errs, fmt.Errorf("%w: tag %q holds %d keys", ErrTagFull, tags[i], most))
 		case call.werr != nil:
 			errs = append(errs, fmt.Errorf("herd: record tag %q: %w", tags[i], call.werr))
 		case n == 0:
@@ -522,7 +548,7 @@ func (c *Cache) scanTags(ctx context.Context, tags []string, g string) (map[stri
 	members := make(map[string]struct{})
 	for page := 0; len(active) > 0; page++ {
 		if page >= maxPurgePages {
-			return nil, fmt.Errorf("reading the tag index took more than %d pages", maxPurgePages)
+			return nil, fmt.Errorf("%w: reading the tag index took more than %d pages", errPurgeTooLong, maxPurgePages)
 		}
 		calls := make([]*scriptCall, len(active))
 		for i, s := range active {
@@ -534,7 +560,7 @@ func (c *Cache) scanTags(ctx context.Context, tags []string, g string) (map[stri
 		for i, s := range active {
 			res, err := calls[i].cmd.StringSlice()
 			if err == nil && len(res) == 0 {
-				err = errors.New("empty reply")
+				err = fmt.Errorf("%w: empty reply", errBadReply)
 			}
 			if err == nil {
 				err = calls[i].werr

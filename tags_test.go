@@ -117,6 +117,7 @@ func recv(t *testing.T, ch <-chan struct{}, what string) {
 // TestTags runs the tag purge suite on a real redis-server and a real
 // 3-master Redis Cluster.
 func TestTags(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	cl := redistest.StartCluster(t, 3)
 	scenarios := []struct {
@@ -133,6 +134,7 @@ func TestTags(t *testing.T) {
 		{"RefreshAfterPurgeIsStored", testRefreshAfterPurgeIsStored},
 		{"FillTags", testFillTags},
 		{"FullIndexRefuses", testFullIndexRefuses},
+		{"MintedKeysTakeHalfAnIndex", testMintedKeysTakeHalfAnIndex},
 		{"IndexExpiresWithEntries", testIndexExpiresWithEntries},
 		{"HostileTags", testHostileTags},
 		{"ForeignValues", testTagForeignValues},
@@ -542,6 +544,43 @@ func testFillTags(t *testing.T, r *tagRig) {
 	}
 }
 
+// Keys tagged with SetMintedTags (Fill's and a loader's) are recorded
+// only while the index is below half its bound; the keys tagged with
+// SetTags still fill the rest.
+func testMintedKeysTakeHalfAnIndex(t *testing.T, r *tagRig) {
+	c := r.cache(&Options{MaxTagEntries: 4})
+	ctx := context.Background()
+	minted := func(ctx context.Context) ([]byte, error) {
+		if err := SetMintedTags(ctx, "t"); err != nil {
+			return nil, err
+		}
+		return []byte("v"), nil
+	}
+	for i := range 3 {
+		r.get(c, "q"+strconv.Itoa(i), minted)
+	}
+	_, fill, err := c.Begin(ctx, "q3", time.Hour, nil)
+	if err != nil || fill == nil {
+		t.Fatalf("Begin: %v, %v", fill, err)
+	}
+	if err := fill.SetMintedTags("t"); err != nil {
+		t.Fatal(err)
+	}
+	_ = fill.Commit([]byte("v"), time.Hour, 0)
+	for i, want := range []bool{true, true, false, false} {
+		if got := r.stored("q" + strconv.Itoa(i)); got != want {
+			t.Errorf("minted key q%d stored %v, want %v (half of MaxTagEntries 4)", i, got, want)
+		}
+	}
+	var loads atomic.Int64
+	for i := range 2 {
+		r.get(c, "k"+strconv.Itoa(i), taggedLoader(&loads, "v", "t"))
+		if !r.stored("k" + strconv.Itoa(i)) {
+			t.Errorf("key k%d tagged with SetTags not stored beside the minted ones", i)
+		}
+	}
+}
+
 // A tag's index is bounded: one key too many is not stored (its callers
 // get the value), SetTagged fails with ErrTagFull, a key already in the
 // index may be written again, and dead members make room.
@@ -753,7 +792,7 @@ func testTagLongRebuild(t *testing.T, r *tagRig) {
 	old := time.Now().Add(-tagWindow/2 - time.Second)
 	record := func(gen generation) bool {
 		t.Helper()
-		purged, err := c.recordTags(ctx, member, []string{"never-purged"}, time.Hour, &gen)
+		purged, err := c.recordTags(ctx, member, []string{"never-purged"}, time.Hour, &gen, c.cfg.MaxTagEntries)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -781,6 +820,7 @@ func testTagLongRebuild(t *testing.T, r *tagRig) {
 // back, the same call finishes the job. A tagged commit that cannot reach
 // Redis is not stored.
 func TestTagPurgeRedisDown(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t, func(o *redis.Options) { o.MaxRetries = -1; o.DialTimeout = 300 * time.Millisecond })
 	c := newTestCache(t, rdb, nil)

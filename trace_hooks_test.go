@@ -98,6 +98,7 @@ func loadResultText(err error) string {
 // StartLoad lent it, and the wait names the rebuild of the load it waits
 // for (the same Step.Rebuild as the leader's load and commit).
 func TestStartHooksBracketARebuild(t *testing.T) {
+	t.Parallel()
 	srv := redistest.Start(t)
 	rdb := srv.Client(t)
 	var l stepLog

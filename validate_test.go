@@ -20,6 +20,7 @@ import (
 // Set failed with "ERR invalid expire time". Out of range is now
 // ErrInvalidTTL at once; the longest accepted ttl is stored.
 func TestTTLRangeValueCalls(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	c := newTestCache(t, rdb, &Options{StaleFor: maxTTL})
@@ -68,6 +69,7 @@ func TestTTLRangeValueCalls(t *testing.T) {
 // used to be accepted, and every acquire of a free key then failed as
 // held. Leases under 10ms or over 50 years are now ErrInvalidTTL.
 func TestTTLRangeLocker(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	l := newTestLocker(t, rdb, nil)
@@ -111,6 +113,7 @@ func TestTTLRangeLocker(t *testing.T) {
 // under 1ms became PX 0, a MinLease within the drift allowance made every
 // acquire fail) make the constructors panic with the field and its range.
 func TestTTLRangeOptions(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		opt   *Options
@@ -163,6 +166,7 @@ func TestTTLRangeOptions(t *testing.T) {
 // TestNegativeTTLMillisecondStored: the shortest NegativeTTL is written
 // (it used to be PX 0, a failed commit).
 func TestNegativeTTLMillisecondStored(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	c := newTestCache(t, rdb, &Options{NegativeTTL: time.Millisecond})
 	_, err := c.Get(context.Background(), "gone", time.Minute, func(context.Context) ([]byte, error) { return nil, ErrNotFound })
@@ -179,6 +183,7 @@ func TestNegativeTTLMillisecondStored(t *testing.T) {
 // SET that then failed, so the waiters were never woken and a retry found
 // no lease.
 func TestCommitScriptValidatesFirst(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	l := newTestLocker(t, rdb, nil)
@@ -207,7 +212,7 @@ func TestCommitScriptValidatesFirst(t *testing.T) {
 				tc.before(k)
 			}
 			fence, _ := rdb.HGet(ctx, k.fence, "r").Result()
-			err = commitScript.Run(ctx, rdb, []string{k.value, k.lease, k.fence, k.backoff},
+			err = commitScript.rs.Run(ctx, rdb, []string{k.value, k.lease, k.fence, k.backoff},
 				lease.token, "envelope", tc.ttl, lease.value, "PUBLISH", k.channel, "w", "r").Err()
 			if err == nil {
 				t.Fatal("COMMIT with an invalid argument succeeded")
@@ -243,6 +248,7 @@ func panicMessage(f func()) (msg string) {
 // staleFor whose sum overflowed, so the commit failed. SetExpiry now
 // ignores them (the call's ttl applies) and Fill.Commit rejects them.
 func TestTTLRangeLoaderExpiry(t *testing.T) {
+	t.Parallel()
 	rdb := redistest.Start(t).Client(t)
 	ctx := context.Background()
 	c := newTestCache(t, rdb, nil)

@@ -220,7 +220,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (*results, 
 	}
 	res.Elapsed = time.Since(started).Seconds()
 	prog.done()
-	if err := writeTable(stdout, res); err != nil {
+	if err := writeTable(stdout, res, cfg.Wide); err != nil {
 		return res, err
 	}
 	if cfg.JSONPath != "" {

@@ -66,6 +66,7 @@ type config struct {
 	Quick                 bool
 	JSONPath, SVGPath     string
 	MDPath                string
+	Wide                  bool // one table line per row, every column side by side
 	RedisAddr             string
 	ClusterAddrs          []string
 	Embedded              bool // miniredis even when redis-server is on $PATH
@@ -101,6 +102,7 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	fs.StringVar(&c.JSONPath, "json", "", "write the results as JSON to `file`")
 	fs.StringVar(&c.SVGPath, "svg", "", "write a chart to `file` (SVG)")
 	fs.StringVar(&c.MDPath, "md", "", "write the table and the command as Markdown to `file`")
+	fs.BoolVar(&c.Wide, "wide", false, "print each result on one line, every column side by side (over 200 columns), instead of one table per measure that fits 100 columns")
 	fs.StringVar(&c.RedisAddr, "redis", "", "use the Redis server at `addr` (by default the bench starts a redis-server from $PATH on a free loopback port, or falls back to the embedded miniredis)")
 	fs.StringVar(&cluster, "cluster", "", "use the Redis Cluster at `addr,addr,...`")
 	fs.BoolVar(&c.Embedded, "embedded", false, "use the embedded miniredis even when redis-server is on $PATH (Lua scripts run one at a time there: latencies are not representative)")

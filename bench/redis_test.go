@@ -241,8 +241,8 @@ func TestReportNamesRedis(t *testing.T) {
 					t.Errorf("%s/%s: %d requests, %d errors (%s)", pr.Scenario, pr.Strategy, pr.Requests, pr.Errors, pr.ErrorMsg)
 				}
 			}
-			if first, _, _ := strings.Cut(out, "\n"); !strings.HasSuffix(first, ", "+res.Redis) {
-				t.Errorf("the table's first line does not name the Redis %q: %q", res.Redis, first)
+			if lines := strings.SplitN(out, "\n", 3); len(lines) < 3 || lines[1] != "Redis: "+res.Redis {
+				t.Errorf("the table's second line does not name the Redis %q:\n%s", res.Redis, out)
 			}
 			md, err := os.ReadFile(mdPath)
 			if err != nil || !strings.Contains(string(md), res.Redis+";") {

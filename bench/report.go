@@ -161,27 +161,129 @@ func tables(res *results) (main, hot [][]string) {
 	return main, hot
 }
 
-// writeTable prints the aligned tables: one row per strategy per
-// scenario, the hotkey scenario in a table of its own.
-func writeTable(w io.Writer, res *results) error {
-	fmt.Fprintf(w, "herd stampede benchmark: %d processes × %d callers, origin latency %s, %s\n",
-		res.Settings.Procs, res.Settings.Callers, res.Settings.OriginLatency, res.Redis)
-	main, hot := tables(res)
+// tableWidth is the width the terminal tables fit, legend included, unless
+// -wide asks for one line per row.
+const tableWidth = 100
+
+// columnGroup is a table of the narrow report: after the scenario and
+// strategy columns, the wide table's columns cols, under title. Together
+// the groups hold every column of the wide table but the notes, which
+// follow them as a list.
+type columnGroup struct {
+	title string
+	cols  []int // indexes into the wide table's columns
+}
+
+var tableGroups = []columnGroup{
+	{"origin calls", []int{2, 3, 4, 5, 6}},
+	{"latency", []int{7, 8, 9, 10, 11, 12}},
+	{"Redis commands and errors", []int{13, 14, 15}},
+}
+
+var hotGroups = []columnGroup{
+	{"reads", []int{2, 3, 4, 5, 6}},
+	{"Redis commands, writes and errors", []int{7, 8, 9, 13}},
+	{"staleness", []int{10, 11, 12}},
+}
+
+// writeTable prints the results: one row per strategy per scenario, the
+// hotkey scenario in tables of its own. By default each measure is a
+// table of its own, so that every line fits tableWidth columns; wide
+// prints each row on one line, every column side by side, as the
+// Markdown report has it.
+func writeTable(w io.Writer, res *results, wide bool) error {
 	var b strings.Builder
+	title := fmt.Sprintf("herd stampede benchmark: %d processes × %d callers, origin latency %s",
+		res.Settings.Procs, res.Settings.Callers, res.Settings.OriginLatency)
+	if wide {
+		b.WriteString(title + ", " + res.Redis + "\n")
+	} else {
+		b.WriteString(title + "\n" + wrap("Redis: "+res.Redis, tableWidth, "  ") + "\n")
+	}
+	main, hot := tables(res)
 	if len(main) > 0 {
-		alignTable(&b, tableHeader, main)
+		writeTables(&b, tableHeader, main, tableGroups, wide)
 	}
 	if len(hot) > 0 {
 		if len(main) > 0 {
 			b.WriteString("\n")
 		}
-		fmt.Fprintf(&b, "hotkey: one key read by every caller, %s written by the parent (%.0fs measured):\n",
-			rateString(res.Settings.WriteRate), res.Settings.HotDurationS)
-		alignTable(&b, hotHeader, hot)
+		b.WriteString(wrap(fmt.Sprintf("hotkey: one key read by every caller, %s written by the parent (%.0fs measured):",
+			rateString(res.Settings.WriteRate), res.Settings.HotDurationS), tableWidth, "") + "\n")
+		writeTables(&b, hotHeader, hot, hotGroups, wide)
 	}
-	b.WriteString(legend(res) + "\n")
+	if wide {
+		b.WriteString(legend(res) + "\n")
+	} else {
+		b.WriteString("\n")
+		for _, para := range strings.Split(legend(res), "\n") {
+			b.WriteString(wrap(para, tableWidth, "  ") + "\n")
+		}
+	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeTables writes the rows, with header, as one wide table, or as one
+// table per group followed by the rows' notes (the last column).
+func writeTables(b *strings.Builder, header []string, rows [][]string, groups []columnGroup, wide bool) {
+	if wide {
+		alignTable(b, header, rows)
+		return
+	}
+	pick := func(r []string, cols []int) []string {
+		out := []string{r[0], r[1]}
+		for _, c := range cols {
+			out = append(out, r[c])
+		}
+		return out
+	}
+	for i, g := range groups {
+		if i > 0 {
+			b.WriteString("\n")
+		}
+		b.WriteString(g.title + ":\n")
+		body := make([][]string, len(rows))
+		for j, r := range rows {
+			body[j] = pick(r, g.cols)
+		}
+		alignTable(b, pick(header, g.cols), body)
+	}
+	notes := len(header) - 1
+	first := true
+	for _, r := range rows {
+		if r[notes] == "" {
+			continue
+		}
+		if first {
+			b.WriteString("\nnotes:\n")
+			first = false
+		}
+		b.WriteString(wrap("  "+r[0]+"/"+r[1]+": "+r[notes], tableWidth, "      ") + "\n")
+	}
+}
+
+// wrap breaks s at spaces into lines of at most width runes (a word
+// longer than that stays whole), each line after the first starting with
+// indent.
+func wrap(s string, width int, indent string) string {
+	var b strings.Builder
+	line := 0
+	for i, word := range strings.Split(s, " ") {
+		n := utf8.RuneCountInString(word)
+		switch {
+		case i == 0:
+		case line+1+n > width:
+			b.WriteString("\n" + indent)
+			line = utf8.RuneCountInString(indent)
+		default:
+			b.WriteString(" ")
+			line++
+		}
+		b.WriteString(word)
+		line += n
+	}
+	return b.String()
 }
 
 // rateString is how the reports name the write rate.

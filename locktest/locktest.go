@@ -32,6 +32,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -131,6 +132,13 @@ func (o *Options) resolve() Options {
 //     Close return ErrClosed; a second Close returns.
 //   - bad input: an empty key is [herd.ErrInvalidKey], a ttl of zero or
 //     less [herd.ErrInvalidTTL].
+//   - huge key is invalid at once: a key one byte above
+//     [herd.MaxLockKeyBytes], and one of 1.2 MiB, fail TryAcquire and
+//     Acquire at once with ErrInvalidKey, in an error of under 300 bytes
+//     (it does not quote the key).
+//   - key at the bound is a lock: a key of exactly MaxLockKeyBytes, of
+//     bytes that backends escape, is taken, held against another Lock,
+//     waited for and taken again with a higher token.
 //   - exclusion: Holders Locks with Holders goroutines each take one key
 //     in turn, through Acquire; never are two holders inside at once, and
 //     each token is higher than the one before.
@@ -159,6 +167,10 @@ func Run[L herd.LeaseHandle](t *testing.T, newLock func(t *testing.T) herd.Lock[
 	t.Run("cancel", s.cancel)
 	t.Run("close", s.close)
 	t.Run("bad input", s.badInput)
+	t.Run("huge key is invalid at once", s.hugeKey)
+	t.Run("key at the bound is a lock", s.keyAtBound)
+	t.Run("hostile keys are distinct locks", s.hostileKeys)
+	t.Run("concurrent releases of a lease", s.concurrentRelease)
 	t.Run("exclusion", s.exclusion)
 	t.Run("model", s.model)
 }
@@ -567,6 +579,141 @@ func (s *suite[L]) badInput(t *testing.T) {
 			if _, err := call(ctx, key(t), ttl); !errors.Is(err, herd.ErrInvalidTTL) {
 				t.Errorf("%s with ttl %v: %v, want ErrInvalidTTL", name, ttl, err)
 			}
+		}
+	}
+}
+
+// hugeKeyBytes is the length of the huge keys of hugeKey: 1.2 MiB, above
+// the request limits of ZooKeeper (jute.maxbuffer, 1 MiB) and etcd
+// (1.5 MiB, once escaped).
+const hugeKeyBytes = 6 << 20 / 5
+
+func (s *suite[L]) hugeKey(t *testing.T) {
+	l := s.newLock(t)
+	for _, n := range []int{herd.MaxLockKeyBytes + 1, hugeKeyBytes} {
+		k := key(t)
+		k += strings.Repeat("k", n-len(k))
+		for name, call := range map[string]func(context.Context, string, time.Duration) (L, error){
+			"TryAcquire": l.TryAcquire, "Acquire": l.Acquire,
+		} {
+			ctx, cancel := context.WithTimeout(context.Background(), s.bound())
+			start := time.Now()
+			lease, err := call(ctx, k, s.o.TTL)
+			took := time.Since(start)
+			cancel()
+			if err == nil {
+				released(t, lease)
+				t.Errorf("%s of a %d-byte key: took the lock, want ErrInvalidKey", name, n)
+				continue
+			}
+			if !errors.Is(err, herd.ErrInvalidKey) {
+				t.Errorf("%s of a %d-byte key: %.300v (after %v), want ErrInvalidKey", name, n, err, took)
+			}
+			if msg := err.Error(); len(msg) >= 300 {
+				t.Errorf("%s of a %d-byte key: an error of %d bytes, want under 300: %.300s", name, n, len(msg), msg)
+			}
+		}
+	}
+}
+
+func (s *suite[L]) keyAtBound(t *testing.T) {
+	ctx := context.Background()
+	a, b := s.newLock(t), s.newLock(t)
+	// Bytes that backends escape, and the escape character itself.
+	k := key(t) + ":"
+	k += strings.Repeat("/%\x00\xff", herd.MaxLockKeyBytes)[:herd.MaxLockKeyBytes-len(k)]
+	held := s.must(t)(a.TryAcquire(ctx, k, s.o.TTL))
+	released(t, held)
+	if held.Key() != k {
+		t.Errorf("Key() is not the key acquired (%d bytes, want %d)", len(held.Key()), len(k))
+	}
+	if _, err := b.TryAcquire(ctx, k, s.o.TTL); !errors.Is(err, herd.ErrLeaseHeld) {
+		t.Errorf("TryAcquire of the held key from another Lock: %.300v, want ErrLeaseHeld", err)
+	}
+	actx, cancel := context.WithTimeout(ctx, s.o.TTL)
+	defer cancel()
+	waiter := acquireAsync(actx, b, k, s.o.TTL)
+	pause(2 * s.o.Wake) // let the waiter reach its wait
+	if err := held.Release(ctx); err != nil {
+		t.Fatalf("Release: %.300v", err)
+	}
+	var r result[L]
+	select {
+	case r = <-waiter:
+	case <-actx.Done():
+		t.Fatalf("the waiter did not take the key within %v of the Release", s.o.TTL)
+	}
+	if r.err != nil {
+		t.Fatalf("Acquire: %.300v", r.err)
+	}
+	next := r.lease
+	released(t, next)
+	if next.Token() <= held.Token() {
+		t.Errorf("tokens %d then %d: not increasing", held.Token(), next.Token())
+	}
+	if err := next.Release(ctx); err != nil {
+		t.Errorf("Release: %.300v", err)
+	}
+}
+
+// hostileKeys: names that escape to prefixes of one another, or look
+// like escapes, path separators, a NUL byte, invalid UTF-8 and a name at
+// the bound are distinct locks: all can be held at once, and each is held
+// for a second TryAcquire.
+func (s *suite[L]) hostileKeys(t *testing.T) {
+	ctx := context.Background()
+	l := s.newLock(t)
+	base := key(t)
+	names := []string{
+		base, base + "/", base + "/x", base + "%2F", base + "%252F", base + "%", base + ".",
+		base + "/..", base + "\x00", base + "\xff\xfe", base + "é", base + " ", base + "/" + base,
+		base + strings.Repeat("k", herd.MaxLockKeyBytes-len(base)),
+	}
+	var leases []L
+	for _, n := range names {
+		lease, err := l.TryAcquire(ctx, n, s.o.TTL)
+		if err != nil {
+			t.Errorf("TryAcquire %.60q while the others are held: %.200v", n, err)
+			continue
+		}
+		leases = append(leases, lease)
+	}
+	for _, n := range names {
+		if _, err := l.TryAcquire(ctx, n, s.o.TTL); !errors.Is(err, herd.ErrLeaseHeld) {
+			t.Errorf("second TryAcquire of %.60q: %.200v, want ErrLeaseHeld", n, err)
+		}
+	}
+	for _, lease := range leases {
+		if err := lease.Release(ctx); err != nil {
+			t.Error(err)
+		}
+	}
+}
+
+// concurrentRelease: a lease's methods are safe for concurrent use, and
+// releasing again after a Release is not an error: two Releases of one
+// lease at once both return nil (neither may report it lost).
+func (s *suite[L]) concurrentRelease(t *testing.T) {
+	ctx := context.Background()
+	l := s.newLock(t)
+	for i := range 30 {
+		lease := s.must(t)(l.TryAcquire(ctx, key(t), s.o.TTL))
+		errs := make(chan error, 2)
+		start := make(chan struct{})
+		for range 2 {
+			go func() {
+				<-start
+				errs <- lease.Release(ctx)
+			}()
+		}
+		close(start)
+		for range 2 {
+			if err := <-errs; err != nil {
+				t.Errorf("round %d: a concurrent Release: %v", i, err)
+			}
+		}
+		if t.Failed() {
+			return
 		}
 	}
 }

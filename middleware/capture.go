@@ -6,6 +6,8 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 )
 
 // captureWriter records a handler's response so it can be stored and
@@ -27,7 +29,8 @@ type captureWriter struct {
 	buf         bytes.Buffer
 	passthrough bool // streaming to the client: not cacheable
 	hijacked    bool
-	overflow    bool // passthrough because the body outgrew max
+	overflow    bool  // passthrough because the body outgrew max
+	declared    int64 // the Content-Length the handler set when it wrote the header; -1 for none
 
 	// onPassthrough, if set, is called once, when the response becomes
 	// uncacheable (before anything more is written to the client).
@@ -39,7 +42,7 @@ func newCaptureWriter(client http.ResponseWriter, max int, head bool) *captureWr
 	if client != nil {
 		h = client.Header()
 	}
-	return &captureWriter{client: client, header: h, max: max, head: head}
+	return &captureWriter{client: client, header: h, max: max, head: head, declared: -1}
 }
 
 func (w *captureWriter) Header() http.Header { return w.header }
@@ -56,6 +59,13 @@ func (w *captureWriter) WriteHeader(code int) {
 		return
 	}
 	w.status, w.wroteHeader = code, true
+	// What net/http holds the body to (response.WriteHeader): a larger
+	// body is refused, a shorter one cuts the connection.
+	if cl := strings.TrimSpace(headerGet(w.header, "Content-Length")); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			w.declared = n
+		}
+	}
 }
 
 func (w *captureWriter) Write(p []byte) (int, error) {
@@ -67,6 +77,11 @@ func (w *captureWriter) Write(p []byte) (int, error) {
 	}
 	if w.passthrough {
 		return w.toClient(p)
+	}
+	if w.declared >= 0 && int64(w.buf.Len()+len(p)) > w.declared {
+		// net/http writes what fits and refuses the rest.
+		n, _ := w.Write(p[:w.declared-int64(w.buf.Len())])
+		return n, http.ErrContentLength
 	}
 	if w.buf.Len()+len(p) > w.max {
 		w.overflow = true
@@ -98,7 +113,11 @@ func (w *captureWriter) startPassthrough() error {
 	if w.client == nil {
 		return nil
 	}
-	w.header.Set("Cache-Status", statusBypass)
+	detail := detailStreamed
+	if w.overflow {
+		detail = detailTooLarge
+	}
+	w.header.Set("Cache-Status", withDetail(statusBypass, detail))
 	w.client.WriteHeader(w.status)
 	if w.buf.Len() > 0 && !w.head {
 		if _, err := w.client.Write(w.buf.Bytes()); err != nil {
@@ -146,6 +165,20 @@ func (w *captureWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 // Unwrap lets http.ResponseController reach the client's other methods
 // (deadlines, full-duplex).
 func (w *captureWriter) Unwrap() http.ResponseWriter { return w.client }
+
+// truncated reports whether the recorded body is shorter than the
+// Content-Length the handler declared (RFC 9111 §3.3: an incomplete
+// response, never stored as complete). net/http closes the connection
+// after such a response; herd sends it the same way (see lead).
+func (w *captureWriter) truncated() bool {
+	return !w.passthrough && w.declared >= 0 && int64(w.buf.Len()) < w.declared && bodyAllowed(w.finalStatus())
+}
+
+// bodyAllowed reports whether a response of status has a body (RFC 9110
+// §6.4.1): not a 1xx, 204 or 304.
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
 
 // finalStatus is the recorded status (200 when the handler wrote nothing).
 func (w *captureWriter) finalStatus() int {

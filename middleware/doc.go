@@ -5,21 +5,30 @@
 //
 // It works with any router that takes func(http.Handler) http.Handler:
 //
+//	cached := middleware.New(cache, &middleware.Options{TTL: 30 * time.Second})
+//
 //	mux := http.NewServeMux()
-//	mux.Handle("GET /products/{id}", middleware.New(cache, nil)(http.HandlerFunc(productHandler)))
+//	mux.Handle("GET /products/{id}", cached(http.HandlerFunc(productHandler)))
 //
 //	r := chi.NewRouter()
 //	r.Use(chimw.GetHead) // chi's: HEAD requests reach Get routes
-//	r.Use(middleware.New(cache, &middleware.Options{TTL: 30 * time.Second}))
-//	r.With(middleware.New(cache, nil)).Get("/catalog", catalogHandler)
+//	r.With(cached).Get("/catalog", catalogHandler)
 //
 // (productHandler and catalogHandler are plain func(http.ResponseWriter,
 // *http.Request); see "Hosts and routers" for HEAD and path parameters.)
+// One middleware wraps any number of routes; a second one on the same
+// Cache (other options for other routes) needs an [Options.Scope] of its
+// own.
 //
 // # What is cached
 //
 // Only GET and HEAD requests are looked up (HEAD is served from the GET
-// entry, without a body); other methods pass through untouched. Requests
+// entry, without a body); other methods pass through to the handler. A
+// non-error (2xx, 3xx) response to an unsafe method (PUT, DELETE, POST,
+// PATCH, ...) invalidates the entry of its target URI, and of the
+// same-origin URIs in its Location and Content-Location (RFC 9111 §4.4),
+// in every instance: each is the entry a GET of that URI with the
+// request's other header fields would have. Requests
 // bypass the cache when they carry credentials: Authorization, Cookie, a
 // TLS client certificate, or an identity header that an authenticating
 // proxy sets (X-Forwarded-User, -Email, -Groups, -Access-Token,
@@ -28,7 +37,8 @@
 // (unless [Options.AllowAuthorized] is set or that header is part of the
 // key); a body (of any length, in any protocol: an HTTP/2 GET with DATA
 // frames too), a Range header, a method override
-// (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override), a protocol
+// (X-HTTP-Method-Override, X-HTTP-Method, X-Method-Override, under any
+// case and with '_' for '-'), a protocol
 // upgrade (Upgrade, or Connection: upgrade: WebSocket, h2c), a key above
 // [Options.MaxKeyBytes], or when KeyFunc says no; [Options.OnBypass]
 // counts them. A response is stored only if its status has a TTL (by
@@ -42,13 +52,101 @@
 // s-maxage, else max-age, else Expires less Date, of 0 or less once the
 // Age it came with is taken off; an invalid Expires such as "0" is in the
 // past, and a directive given twice with different values is stale),
-// every header the handler varies on (Vary) is part of the key, and the
-// handler neither flushed nor hijacked. A must-revalidate or
+// every header the handler varies on (Vary) is part of the key (the
+// standard mode stores the others per variant), its body
+// is as long as the Content-Length the handler declared (RFC 9111 §3.3:
+// a shorter one is sent as net/http sends it, the connection then cut,
+// and is a failure, as a 5xx is; writes past it are refused with
+// [http.ErrContentLength]), and the handler neither flushed nor hijacked. A must-revalidate or
 // proxy-revalidate response is never served stale, nor past the lifetime
 // it states less its Age. Hop-by-hop headers, the per-user fields above,
-// trailers, Date and Age are never stored as set; Date is regenerated,
-// and Age computed when serving: the Age the handler gave plus the time
-// herd held the response.
+// trailers (the fields named in Trailer, and those set through
+// [http.TrailerPrefix]: RFC 9111 §3.1 forbids taking them for header
+// fields; the leading request's client gets them as trailers, a hit
+// none), Date and Age are never stored as set; Date is regenerated
+// (kept in the standard mode), and Age computed when serving, on every
+// response, stored or not: the Age the handler's response came with (the
+// first member of its first Age field, ignored unless it is digits) plus
+// the time the handler took and the time herd held the response (RFC
+// 9111 §4.2.3).
+//
+// # The standard mode
+//
+// [Options.Standard] is one setting for a cache in front of an origin
+// that says how its responses may be cached (herd proxy -mode standard
+// is it, in front of a URL). The freshness of a response then comes from
+// the response alone, as RFC 9111 reads: from Herd-Cache-Control, herd's
+// targeted field, else CDN-Cache-Control (RFC 9213: the first of them
+// that is a valid Structured Field dictionary rules, and Cache-Control
+// and Expires are then ignored), else Cache-Control's s-maxage or
+// max-age (its first value when given twice; a directive whose name is
+// no token, "max-age =60", is ignored), else Expires less Date (an
+// HTTP-date parsed strictly: anything else is in the past), else a
+// heuristic (§4.2.2: a tenth of the time since Last-Modified, at most a
+// day) for a heuristically cacheable status or a response marked public.
+// A response that states no freshness is not stored, whatever TTL says;
+// one that does is stored whatever its status, 5xx included (but 206 and
+// 304, and 1xx, which are not final); must-understand lets a status herd
+// knows be stored despite no-store. A no-cache listing fields
+// (no-cache="Set-Cookie") stores the response without them. Date is kept,
+// so a hit says when its response was generated. Requests with
+// credentials use the cache as under [Options.AllowAuthorized]: a
+// response to one is stored only if it says public, s-maxage or
+// must-revalidate (§3.5). A response's stale-while-revalidate is its
+// stale window. The per-user fields above still keep a response from
+// being stored, and every other rule of this section applies.
+//
+// A stored response with a validator (its handler's ETag, or
+// Last-Modified) is also kept, in Redis under a key of its own, for an
+// hour past its freshness, and so is one that could not be stored fresh
+// (no-cache, or stale on arrival). The request that then leads the
+// rebuild of its URL, under the key's lease (the others, in every
+// instance, wait for it: one revalidation across the fleet), and a
+// background refresh, send the handler If-None-Match and
+// If-Modified-Since from it. The handler's 304 updates the kept
+// response's header fields (not Content-Length, Content-Encoding,
+// Content-Range or the digests: they describe the stored bytes, RFC 9111
+// §3.2), and that response is what is served and stored, for the
+// freshness the 304 gives it. A 200 is a new response. The kept copy
+// carries the response's tags (a tagged response of a key any client can
+// mint, see Tag purges, is not kept), and a purge of one of them, or an
+// unsafe method's invalidation, removes it with the entry: an
+// invalidated response is never served stale nor revalidated. Keeping costs one
+// more SET per stored response with a validator, one GET per rebuild, and
+// Redis memory for the copy.
+//
+// A response that varies (Vary) on request fields outside the key is
+// stored in the standard mode too, once per variant: under a secondary
+// key, the primary key plus the request's values of those fields
+// (field lines combined, spaces around commas dropped, the Accept fields
+// without case), while the primary key holds a marker naming the fields
+// and a generation. A request that finds the marker looks up its
+// variant, built once across the fleet under its own lease; a new marker
+// (after an invalidation, a purge, a new response) has a new generation,
+// so the variants of the old one are never served again. A lookup of a
+// varying URL costs two GETs. Vary: *, and Vary on Cookie or
+// Authorization, are still never stored, nor a tagged variant of a key
+// any client can mint.
+//
+// A GET with one byte range (Range: bytes=0-99, 100-, -100) does not
+// bypass the cache in the standard mode: it is looked up under the key
+// of the whole response, whose rebuild runs the handler without Range,
+// and gets its range of the complete stored 200 (206 with Content-Range,
+// 416 when the range starts past the end). Several ranges, another unit,
+// or an If-Range that does not name the stored response get the whole
+// response, as a server may answer (RFC 9110 §14.2).
+//
+// A kept response (one with a validator, or with stale-if-error) that
+// is stale stands in for the handler's 5xx while its stale-if-error
+// covers how stale it is (RFC 5861), unless it says must-revalidate,
+// proxy-revalidate, no-cache or s-maxage; its Cache-Status is then
+// "herd; fwd=stale". Of a request's own Cache-Control, the standard mode
+// honours no-store (as every mode), only-if-cached (the stored response,
+// else 504, never the handler: §5.2.1.7) and max-stale (a kept stale
+// response is served to that client); max-age, min-fresh and no-cache
+// are preferences (§5.2.1) that herd does not honour in any mode, for
+// the reason given above: they would let any client send requests past
+// the fleet-wide single flight.
 //
 // A request's own Cache-Control: no-store bypasses the cache too (its
 // response must not be stored, RFC 9111 §5.2.1.5). Its no-cache, Pragma:
@@ -81,18 +179,55 @@
 // one request at a time, never one per waiter. No wait outlasts
 // [Options.WaitTimeout]; then the request runs the handler itself.
 //
-// Responses carry Cache-Status (RFC 9211): "herd; hit", "herd;
-// fwd=stale" (a stale response served while one refresh runs), "herd;
-// fwd=miss" (stored when it was stored; collapsed when the request waited
-// for another's response), or "herd; fwd=bypass". Served entries carry an
-// ETag (the handler's, or a hash of the body).
+// Served entries carry an ETag (the handler's, or a hash of the body).
+//
+// # Cache-Status
+//
+// Every response carries Cache-Status (RFC 9211) with herd as the
+// cache's name: "herd; hit; ttl=N", "herd; fwd=stale" (a stale response
+// served while one refresh runs), "herd; fwd=miss; stored", "herd;
+// fwd=miss; collapsed" (the request waited for another's response), or,
+// with a detail parameter (RFC 9211 §2.8) that says why, "herd; fwd=miss;
+// detail=D" (the handler ran and its response was not stored) or "herd;
+// fwd=bypass; detail=D" (the cache did not handle the request). The
+// details:
+//
+//   - Bypasses before any lookup, one per [Options.OnBypass] reason,
+//     with '-' for '_': method (not GET or HEAD), method-override, body,
+//     range, keyfunc, key-too-large, upgrade, no-store (the request's
+//     own Cache-Control); and for credentials, the credential:
+//     authorization, cookie, identity-header or client-cert.
+//   - Bypasses after a lookup: hit-for-miss (see Hit-for-miss),
+//     redis-unavailable (Redis unreachable under herd.Options.FailClosed),
+//     wait-timeout ([Options.WaitTimeout] or the Cache's wait budget
+//     spent), not-shared (the response this request waited for could not
+//     be shared), unservable-value (a stored value that is no response
+//     and could not be replaced), closed (the Cache is closed), error (any
+//     other), and, for a leader whose response went to its client as it
+//     came, streamed (the handler flushed) or too-large (the body outgrew
+//     [Options.MaxBodyBytes]).
+//   - Misses not stored: redis-unavailable (fail-open: Redis is
+//     unreachable and the handler ran for this request alone; [herd.Stats]
+//     counts it in FailOpen), wait-timeout (the wait for another process's
+//     rebuild was spent: built for this process), status (no TTL in
+//     [Options.StatusTTL]; a 5xx never has one), set-cookie or
+//     per-user-field (Set-Cookie, or another per-user field below),
+//     private, no-store or no-cache (the response's Cache-Control), vary
+//     (a Vary on a header outside the key), credentials (a response to a
+//     request with credentials outside the key, without public, s-maxage
+//     or must-revalidate), stale-on-arrival, encoding (a Content-Encoding
+//     herd cannot serve every client of the key), tags-invalid and
+//     tags-not-recorded (a full tag index; see Tag purges), store-failed
+//     (Redis refused the write) and truncated (a body shorter than its
+//     Content-Length).
 //
 // # Security
 //
-// The key is its scope ([Options.Scope]: by default the port of the
-// listener that accepted the request, so that an internal and a public
-// listener, each with its own handler on one Cache, never share an entry
-// whatever Host a client sends), scheme, host, the request target exactly
+// The key is its scope ([Options.Scope]: none by default; the
+// middlewares on one Cache must have distinct scopes, so that an internal
+// and a public server, each with its own middleware, never share an entry
+// whatever Host a client sends), scheme, host without its port, the
+// request target exactly
 // as the server received it (r.RequestURI: raw bytes, percent-encoding and an
 // absolute-form scheme and user info included) with its query's
 // parameters sorted (but never those whose names a backend may merge:
@@ -120,17 +255,27 @@
 //
 // # Hosts and routers
 //
-// The Host a request names, with its port, is part of the key, as net/http
-// reports it (r.Host, case kept). Two names for one server are two
-// entries: in a local test, http://localhost:8080/p and
-// http://127.0.0.1:8080/p fill the cache twice, and so do example.com and
-// example.com:443. Behind a load balancer, instances share entries when it
-// passes the client's Host on, so that every instance sees the same one; a
-// balancer that rewrites Host to each instance's own address
-// (10.0.0.7:8080) leaves each instance with entries of its own. Make it
-// pass the Host through (nginx: proxy_set_header Host $host), or key on
-// what the pages depend on with [Options.KeyFunc]. The listener's port is
-// in the key too, unless [Options.Scope] is set (see Security).
+// The key holds the host a request names without its port (r.Host as
+// net/http reports it, case kept, less a trailing ":digits"), and the
+// target: what nginx's $host$request_uri holds. Neither the listener nor
+// the port a client dialled is in it, so the instances of a service share
+// entries wherever they listen: in a local test,
+// http://127.0.0.1:8080/p and http://127.0.0.1:8081/p are one entry, and
+// so are example.com and example.com:443. A handler that writes the
+// request's port into its page (an absolute link built from r.Host) must
+// key on it, with [Options.KeyFunc] or a Scope per port. Two names for
+// one server are two entries: localhost and 127.0.0.1 fill the cache
+// twice. Behind a load balancer, instances share entries when it passes
+// the client's Host on; a balancer that rewrites Host to each instance's
+// own address (10.0.0.7 and 10.0.0.8) leaves each instance with entries
+// of its own. Make it pass the Host through (nginx: proxy_set_header Host
+// $host), or key on what the pages depend on with [Options.KeyFunc].
+//
+// Two servers in one process that answer the same URLs differently (an
+// internal listener and a public one) each need their own middleware,
+// and New refuses two middlewares on one Cache without distinct Scopes
+// (see [Options.Scope]). docs/middleware.md in the repository has a
+// two-instance recipe.
 //
 // A ServeMux pattern "GET /path" matches HEAD as well. chi routes a HEAD
 // to a Get route only through chi's middleware.GetHead
@@ -231,12 +376,14 @@
 // A response marks its URL when the reason it is not stored is the
 // response's own: a per-user field (Set-Cookie and the others above),
 // Cache-Control private, no-store or no-cache, a Vary on a header outside
-// the key (or *), stale on arrival, a stream, a hijack, a body past
+// the key (or *), stale on arrival, a stream (of a status with a TTL in
+// StatusTTL), a hijack, a body past
 // MaxBodyBytes (marked as soon as it streams, so the waiters do not wait
 // for its end), or a Content-Encoding herd cannot serve to every client
 // of the key (see Compression). It does not when the reason is a failure or this request:
-// a 5xx (one waiter retries, as before), a status without a TTL in
-// StatusTTL (a 403 or a 429 may be passing), a response to a request
+// a 5xx, streamed or not (one waiter retries, as before), a status
+// without a TTL in StatusTTL, streamed or not (a 403 or a 429 may be
+// passing), a response to a request
 // with credentials outside the key (under AllowAuthorized: it says
 // nothing of anyone else's), a response the client left before it was
 // complete, or a rebuild that is not leased (Redis unreachable). The mark
@@ -274,7 +421,26 @@
 // tags cannot be recorded is served but not stored: more than
 // [herd.MaxTags] tags or a tag longer than [herd.MaxTagBytes] (the URL is
 // then marked, as under Hit-for-miss), a tag whose index is full
-// ([herd.Options.MaxTagEntries]), or Redis failing to record them. A stale entry's background refresh stores the tags its
+// ([herd.Options.MaxTagEntries]), or Redis failing to record them; its
+// Cache-Status then says "herd; fwd=miss" with detail tags-invalid (too
+// many or too long) or tags-not-recorded (the rest), never "stored" (herd
+// reads the key back once after committing a tagged response to tell).
+//
+// A tag's index is shared by every page with the tag, and any client can
+// mint keys: the URL with a query string (/blog?utm=N for every N) and
+// the error page (a 404 for any path). So that such a flood cannot fill
+// the index of a tag every page carries (the layout's, say) and keep
+// every other page with it from being stored, the minted keys are
+// recorded with [herd.Fill.SetMintedTags]: they take at most half of
+// the index, and past that their responses are served but not stored;
+// the pages without a query string, of a 2xx or 3xx status, keep the
+// other half. Two kinds of key are not counted as minted, and a flood
+// of them can still fill an index: the paths of a catch-all route that
+// answers 200 for any path, and the Hosts of a server that answers any
+// Host (the Host is in the key). Such a site should answer only its own
+// hosts (a ServeMux host pattern, a front proxy's server names), not tag
+// catch-all responses with a tag every page carries, or give the Cache a
+// MaxTagEntries beyond what a flood can fill in a TTL. A stale entry's background refresh stores the tags its
 // response carries then. Tags are one namespace per Cache: a purge also
 // removes cache-aside values tagged the same ([herd.SetTags],
 // [herd.Cache.SetTagged]). [herd.Cache.InvalidateTag] has the costs and

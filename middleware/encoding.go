@@ -181,6 +181,14 @@ func (h *handler) encodingKey(r *http.Request) string {
 // r itself when that changes nothing.
 func (h *handler) handlerRequest(r *http.Request) *http.Request {
 	req := withoutConditionals(r)
+	if len(req.Header.Values("Range")) > 0 {
+		// The standard mode's one Range of a GET: the entry is the whole
+		// response (ranges.go).
+		if req == r {
+			req = r.Clone(r.Context())
+		}
+		req.Header.Del("Range")
+	}
 	_, shown := h.bucket(r)
 	if vs := req.Header["Accept-Encoding"]; len(vs) == 1 && vs[0] == shown {
 		return req

@@ -257,6 +257,7 @@ func storedHeader(h http.Header, before headerSnapshot) http.Header {
 	}
 	drop := slices.Clone(hopByHop)
 	drop = append(drop, perUser...)
+	drop = append(drop, declaredTrailers(h)...) // trailer fields are never header fields (RFC 9111 §3.1)
 	for _, f := range headerValues(h, "Connection") {
 		for name := range strings.SplitSeq(f, ",") {
 			drop = append(drop, strings.TrimSpace(name))
@@ -271,6 +272,57 @@ func storedHeader(h http.Header, before headerSnapshot) http.Header {
 		}
 	}
 	return out
+}
+
+// declaredTrailers returns the field names the response header h
+// announces in its Trailer field (RFC 9110 §6.6.2), canonical: a handler
+// sets their values in the header map after writing the body, and
+// net/http sends them in the trailer section.
+func declaredTrailers(h http.Header) []string {
+	var out []string
+	for _, v := range headerValues(h, "Trailer") {
+		for name := range strings.SplitSeq(v, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				out = append(out, http.CanonicalHeaderKey(name))
+			}
+		}
+	}
+	return out
+}
+
+// takeTrailers removes from the response header h the values of the
+// fields h announces as trailers, and returns them: a response herd sends
+// after the handler returned would otherwise carry them as header fields.
+// restoreTrailers puts them back once the body is written, and net/http
+// sends them as trailers.
+func takeTrailers(h http.Header) http.Header {
+	var out http.Header
+	for _, name := range declaredTrailers(h) {
+		for k, vs := range h {
+			if strings.EqualFold(k, name) {
+				if out == nil {
+					out = http.Header{}
+				}
+				out[k] = vs
+				delete(h, k)
+			}
+		}
+	}
+	return out
+}
+
+// hasTrailers reports whether the response header h announces trailers
+// or sets one through net/http's TrailerPrefix.
+func hasTrailers(h http.Header) bool {
+	if len(declaredTrailers(h)) > 0 {
+		return true
+	}
+	for k := range h {
+		if _, ok := cutTrailerPrefix(k); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // cacheControl is a parsed Cache-Control header.
@@ -340,8 +392,8 @@ func (f freshness) remaining() time.Duration { return f.lifetime - f.age }
 // responseFreshness reads h's freshness at now. s-maxage, then max-age,
 // take precedence over Expires (§5.3); an Expires that is invalid ("0"),
 // given twice with different values, or not after Date (the handler's,
-// else now) gives a lifetime of 0: stale at once. Age (§5.1) counts the
-// largest valid member of its values: when in doubt, older.
+// else now) gives a lifetime of 0: stale at once. Age (§5.1) is the first
+// member of its first field (firstAge).
 func responseFreshness(h http.Header, cc cacheControl, now time.Time) freshness {
 	var f freshness
 	f.lifetime, f.stated = cc.maxAge()
@@ -359,13 +411,7 @@ func responseFreshness(h http.Header, cc cacheControl, now time.Time) freshness 
 			}
 		}
 	}
-	for _, v := range headerValues(h, "Age") {
-		for m := range strings.SplitSeq(v, ",") {
-			if secs, err := strconv.ParseInt(strings.TrimSpace(m), 10, 64); err == nil && secs >= 0 {
-				f.age = max(f.age, time.Duration(min(secs, int64(maxLifetime/time.Second)))*time.Second)
-			}
-		}
-	}
+	f.age = firstAge(h)
 	return f
 }
 

@@ -19,7 +19,7 @@ import (
 
 // statusHitForMiss is the Cache-Status of a request served directly
 // because its URL is marked (RFC 9211 allows a detail parameter).
-const statusHitForMiss = statusBypass + "; detail=hit-for-miss"
+const statusHitForMiss = statusBypass + "; detail=" + detailHitForMiss
 
 // defaultHitForMiss is Options.HitForMiss's default: long enough to spare
 // a busy URL the queueing, short enough that a URL whose responses become

@@ -40,7 +40,7 @@ func TestHitForMiss(t *testing.T) {
 			srv, cl := secServe(t, rt.build(New(c, &Options{HitForMiss: time.Minute}), h))
 			gate = newSecGate(t)
 			url := srv.URL + "/account"
-			if r := secGet(t, cl, url); r.cacheStatus() != statusMiss {
+			if r := secGet(t, cl, url); !sameStatus(r.cacheStatus(), statusMiss) {
 				t.Fatalf("first request: %v, want %q (it marks the URL)", r, statusMiss)
 			}
 			key := secKeyOfURL(t, nil, url)
@@ -64,7 +64,7 @@ func TestHitForMiss(t *testing.T) {
 			rs := batch.wait(t)
 			seen := map[string]bool{}
 			for i, r := range rs {
-				if r.err != nil || r.cacheStatus() != statusHitForMiss || seen[r.body] {
+				if r.err != nil || !sameStatus(r.cacheStatus(), statusHitForMiss) || seen[r.body] {
 					t.Errorf("request %d: %v, want its own run with Cache-Status %q", i, r, statusHitForMiss)
 				}
 				seen[r.body] = true
@@ -97,7 +97,7 @@ func TestHitForMissExpires(t *testing.T) {
 			})
 			srv, cl := secServe(t, rt.build(New(c, &Options{HitForMiss: hfm}), h))
 			url := srv.URL + "/me"
-			if r := secGet(t, cl, url); r.cacheStatus() != statusMiss {
+			if r := secGet(t, cl, url); !sameStatus(r.cacheStatus(), statusMiss) {
 				t.Fatalf("first request: %v, want %q", r, statusMiss)
 			}
 			marked := time.Now()
@@ -106,10 +106,10 @@ func TestHitForMissExpires(t *testing.T) {
 			}
 			for {
 				r := secGet(t, cl, url)
-				if r.cacheStatus() == statusMiss {
+				if sameStatus(r.cacheStatus(), statusMiss) {
 					break // led: the mark expired
 				}
-				if r.cacheStatus() != statusHitForMiss {
+				if !sameStatus(r.cacheStatus(), statusHitForMiss) {
 					t.Fatalf("while marked: %v, want %q", r, statusHitForMiss)
 				}
 				if time.Since(marked) > 10*hfm {
@@ -117,7 +117,7 @@ func TestHitForMissExpires(t *testing.T) {
 				}
 				time.Sleep(20 * time.Millisecond)
 			}
-			if r := secGet(t, cl, url); r.cacheStatus() != statusHitForMiss {
+			if r := secGet(t, cl, url); !sameStatus(r.cacheStatus(), statusHitForMiss) {
 				t.Errorf("after leading again: %v, want the URL marked again", r)
 			}
 		})
@@ -154,7 +154,7 @@ func TestHitForMissOnlyForTheURLsReasons(t *testing.T) {
 				})
 				srv, cl := secServe(t, rt.build(New(c, tc.opt), h))
 				for i, want := range []string{statusMiss, tc.want} {
-					if r := secGet(t, cl, srv.URL+"/x", tc.hdr...); r.status != tc.status || r.cacheStatus() != want {
+					if r := secGet(t, cl, srv.URL+"/x", tc.hdr...); r.status != tc.status || !sameStatus(r.cacheStatus(), want) {
 						t.Errorf("request %d: %v, want %d with Cache-Status %q", i+1, r, tc.status, want)
 					}
 				}
@@ -203,10 +203,10 @@ func TestRequestCacheControl(t *testing.T) {
 			}}
 			srv, cl := secServe(t, rt.build(New(c, opt), h))
 			url := srv.URL + "/page"
-			if r := secGet(t, cl, url, "Cache-Control", "no-store"); r.cacheStatus() != statusBypass || secStored(t, rdb, secKeyOfURL(t, nil, url)) {
+			if r := secGet(t, cl, url, "Cache-Control", "no-store"); !sameStatus(r.cacheStatus(), statusBypass) || secStored(t, rdb, secKeyOfURL(t, nil, url)) {
 				t.Errorf("no-store on a cold URL: %v; want %q and nothing stored", r, statusBypass)
 			}
-			if r := secGet(t, cl, url); r.cacheStatus() != statusStored {
+			if r := secGet(t, cl, url); !sameStatus(r.cacheStatus(), statusStored) {
 				t.Fatalf("plain request: %v, want %q", r, statusStored)
 			}
 			for _, hdr := range [][]string{{"Cache-Control", "no-cache"}, {"Pragma", "no-cache"}, {"Cache-Control", "max-age=0"}} {
@@ -214,7 +214,7 @@ func TestRequestCacheControl(t *testing.T) {
 					t.Errorf("%s: %v, want the stored run2 as a hit", hdr, r)
 				}
 			}
-			if r := secGet(t, cl, url, "Cache-Control", "max-age=10, No-Store"); r.cacheStatus() != statusBypass || r.body != "run3" {
+			if r := secGet(t, cl, url, "Cache-Control", "max-age=10, No-Store"); !sameStatus(r.cacheStatus(), statusBypass) || r.body != "run3" {
 				t.Errorf("No-Store on a stored URL: %v, want the handler's run3, bypassed", r)
 			}
 			mu.Lock()
@@ -244,21 +244,55 @@ func TestStaleRefreshNotShared(t *testing.T) {
 			})
 			srv, cl := secServe(t, rt.build(New(c, &Options{TTL: time.Millisecond, StaleFor: time.Minute}), h))
 			url := srv.URL + "/news"
-			if r := secGet(t, cl, url); r.cacheStatus() != statusStored {
+			if r := secGet(t, cl, url); !sameStatus(r.cacheStatus(), statusStored) {
 				t.Fatalf("first request: %v, want %q", r, statusStored)
 			}
 			cookie.Store(true)
 			time.Sleep(10 * time.Millisecond) // past the 1ms fresh period
-			if r := secGet(t, cl, url); r.cacheStatus() != statusStale || r.header.Get("Set-Cookie") != "" {
+			if r := secGet(t, cl, url); !sameStatus(r.cacheStatus(), statusStale) || r.header.Get("Set-Cookie") != "" {
 				t.Fatalf("stale request: %v, want the stored page, stale", r)
 			}
 			secWaitFor(t, "the refresh", func() bool { return c.Stats().NotShared == 1 })
-			if r := secGet(t, cl, url); r.cacheStatus() != statusStale || r.body != "page" {
+			if r := secGet(t, cl, url); !sameStatus(r.cacheStatus(), statusStale) || r.body != "page" {
 				t.Errorf("after the refresh: %v, want the stale page", r)
 			}
 			if s := c.Stats(); s.LoadErrors != 0 || s.NotShared != 1 || runs.Load() != 2 {
 				t.Errorf("load errors %d, not shared %d, handler runs %d; want 0, 1, 2 (the refresh backs off)", s.LoadErrors, s.NotShared, runs.Load())
 			}
 		})
+	}
+}
+
+// TestStreamedRefusalMarksNothing: a response that streams (the handler
+// flushes) with a status that has no TTL in StatusTTL (a 429 for one
+// client) or a 5xx marks nothing, as it marks nothing when it does not
+// stream: the next request for the URL leads a rebuild, and caching comes
+// back as soon as the handler answers a cacheable response. From the
+// HTTP issue's hole 4: a streamed 429 turned caching off for everyone.
+func TestStreamedRefusalMarksNothing(t *testing.T) {
+	c, _ := newCache(t, nil)
+	for _, status := range []int{http.StatusTooManyRequests, http.StatusForbidden, http.StatusServiceUnavailable} {
+		for _, rt := range secRouters {
+			t.Run(fmt.Sprint(status, "/", rt.name), func(t *testing.T) {
+				var runs atomic.Int64
+				h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					if runs.Add(1) == 1 {
+						w.WriteHeader(status)
+						io.WriteString(w, "slow down")
+						http.NewResponseController(w).Flush()
+						return
+					}
+					io.WriteString(w, "page")
+				})
+				srv, cl := secServe(t, rt.build(New(c, &Options{HitForMiss: time.Minute}), h))
+				url := srv.URL + "/busy"
+				if r := secGet(t, cl, url); r.status != status {
+					t.Fatalf("first GET: %v, want %d", r, status)
+				}
+				if r := secGet(t, cl, url); !sameStatus(r.cacheStatus(), statusStored) || r.body != "page" {
+					t.Errorf("second GET: %v, want the page stored (no hit-for-miss mark)", r)
+				}
+			})
+		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 )
 
 // defaultKey builds the cache key of a request: its scope (see
-// Options.Scope), scheme, host, the
+// Options.Scope), scheme, host without its port, the
 // request target as the server received it (its path and canonical
 // query), the URL as the handler sees it when that is not what the target
 // parses to, then the configured request headers. Every component is
@@ -18,7 +18,9 @@ import (
 // share a key. herd hashes the key for Redis, so its bytes do not matter
 // there; its length is bounded by Options.MaxKeyBytes.
 //
-//   - Host is r.Host, as net/http resolved it, case preserved.
+//   - Host is r.Host, as net/http resolved it, in lower case, without
+//     its port (hostKey): the port a client dialled is the listener's,
+//     and the instances of a service listen where they are told to.
 //   - The target is r.RequestURI, byte for byte, not r.URL re-encoded:
 //     a raw "<" or an invalid UTF-8 byte, %2F and /, %62 and b, an
 //     absolute-form target (with its scheme and user info) and the
@@ -44,7 +46,7 @@ func defaultKey(r *http.Request, scope string, headers []string) string {
 	b.WriteString("herd-http/3|")
 	writeField(&b, scope)
 	writeField(&b, scheme)
-	writeField(&b, r.Host)
+	writeField(&b, hostKey(r.Host))
 	writeField(&b, path)
 	if hasQuery {
 		b.WriteByte('?')
@@ -322,11 +324,30 @@ func isForwardingHeader(name string) bool {
 
 // methodOverrideHeaders turn a request into another method in the
 // frameworks that honour them: a GET carrying one may not be a read, so
-// it bypasses the cache (neither keyed nor shared).
+// it bypasses the cache (neither keyed nor shared). They are compared
+// under foldByte (any case, '_' taken as '-'), the rule the forwarding
+// headers follow: a backend behind CGI, PHP, Rack or WSGI reads
+// X_HTTP_Method_Override as X-HTTP-Method-Override.
 var methodOverrideHeaders = []string{
-	"X-Http-Method",
-	"X-Http-Method-Override",
-	"X-Method-Override",
+	"x-http-method",
+	"x-http-method-override",
+	"x-method-override",
+}
+
+// hasMethodOverride reports whether r carries a method-override header
+// (see methodOverrideHeaders) under any spelling.
+func hasMethodOverride(r *http.Request) bool {
+	for name := range r.Header {
+		if len(name) < len("x-http-method") || foldByte(name[0]) != 'x' {
+			continue
+		}
+		for _, o := range methodOverrideHeaders {
+			if foldEqual(name, o) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // requestHeaders is what one pass over a request's header names finds:

@@ -1,12 +1,13 @@
 package middleware
 
 import (
+	"bytes"
+	"cmp"
 	"compress/gzip"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/textproto"
 	"runtime/debug"
@@ -201,23 +202,24 @@ type Options struct {
 	Class func(r *http.Request) string
 
 	// Scope is the key namespace of this middleware: two requests share
-	// an entry only if their scopes are equal. Two handlers that answer
-	// the same host and target differently (an internal listener and a
-	// public one, each with its own New on one Cache) must have different
-	// scopes, because the Host a request carries is what the client
-	// chooses. The default ("") derives the scope from the listener that
-	// accepted the connection: its port (http.LocalAddrContextKey; for a
-	// Unix socket, its path). The instances of a service that listen on
-	// the same port (containers, pods, one port per service) share
-	// entries; listeners on different ports never do. Set Scope, to the
-	// same value in every instance of the service, when its instances
-	// listen on different ports (several processes on one host, a
-	// platform that picks a port per process): otherwise they do not
-	// share entries, nor collapse each other's rebuilds. Give distinct
-	// values to listeners that serve different content on the same port
-	// of different addresses (an internal interface and a public one).
-	// A request with no local address (built in process) has the empty
-	// derived scope. It applies to KeyFunc's keys too. At most 256 bytes.
+	// an entry only if their scopes are equal. By default there is none,
+	// and the listener is no part of the key: the instances of a service
+	// share entries wherever they listen (several processes on one host,
+	// on different ports, behind one proxy; one port per pod), and so do
+	// the listeners of one server. The middlewares made on one Cache must
+	// have distinct scopes (no Scope counts as one): New panics on a
+	// second one without a Scope, or with a Scope another has. So an
+	// internal and a public server in one process, each with its own
+	// middleware on one Cache, never serve each other's entries, whatever
+	// Host a client sends, in whichever instance an entry was stored.
+	// Wrap several routes of one server with one middleware to keep them
+	// in one scope; one middleware in front of two servers (an internal
+	// and a public one) shares their entries, as the listener is not in
+	// the key: give each server its own middleware. Give the middlewares of every instance of a service the same
+	// Scopes (they are the same code). A scope stays taken for the life of
+	// the Cache: a program that rebuilds its handlers (a configuration
+	// reload) makes its middlewares once, or uses a new Cache. It applies to
+	// KeyFunc's keys too. At most 256 bytes.
 	Scope string
 
 	// Logger receives store decisions (debug) and failures (warn).
@@ -252,6 +254,34 @@ type Options struct {
 	// from every response it stores or serves: they name what a page is
 	// built from, which is no client's business.
 	KeepTagHeaders bool
+
+	// Standard makes the middleware the shared cache RFC 9111 describes,
+	// for a cache in front of an origin that says how its responses are
+	// cached (see "The standard mode" in the package documentation):
+	//   - a response is stored only for the freshness it states
+	//     (Herd-Cache-Control, else CDN-Cache-Control (RFC 9213), else
+	//     Cache-Control and Expires, parsed strictly) or the heuristic
+	//     §4.2.2 allows (a tenth of the time since Last-Modified, at most a
+	//     day, for the heuristically cacheable statuses and public ones),
+	//     whatever its status (a 5xx included), but a 206 or a 304; one
+	//     that states none is not stored. TTL, NotFoundTTL and StatusTTL
+	//     do not apply (New panics if StatusTTL is set);
+	//   - its Date is kept on every hit;
+	//   - a request with credentials outside the key may use the cache,
+	//     and a response to it is stored only if it says public, s-maxage
+	//     or must-revalidate (§3.5), as with AllowAuthorized;
+	//   - a response's stale-while-revalidate is its stale window, in
+	//     place of StaleFor;
+	//   - a stale response with a validator is revalidated with the
+	//     handler by a conditional request, and a 304 updates it;
+	//   - a GET with one byte range is served from the whole stored
+	//     response;
+	//   - a response that varies on request fields outside the key is
+	//     stored per variant.
+	// The Age of every response, the cluster-wide single flight and the
+	// invalidation by unsafe methods are those of every mode. Default:
+	// false.
+	Standard bool
 }
 
 // The reasons [Options.OnBypass] is given.
@@ -325,6 +355,12 @@ func (o *Options) resolve() config {
 	if len(c.Scope) > 256 {
 		panic(fmt.Sprintf("herd/middleware: Options.Scope is %d bytes, above 256", len(c.Scope)))
 	}
+	if c.Standard && c.StatusTTL != nil {
+		panic("herd/middleware: Options.StatusTTL with Options.Standard: in the standard mode a response's own freshness says how long it is stored")
+	}
+	if c.Standard {
+		c.AllowAuthorized = true // stored only when public, s-maxage or must-revalidate (§3.5)
+	}
 	if c.StatusTTL == nil {
 		c.StatusTTL = map[int]time.Duration{200: c.TTL, 301: c.TTL, 404: c.NotFoundTTL}
 	}
@@ -369,13 +405,16 @@ func defaultErrorHandler(w http.ResponseWriter, r *http.Request, err error) {
 	http.Error(w, "502 bad gateway: the response could not be built", http.StatusBadGateway)
 }
 
-// New returns the middleware, caching in c. It panics on a nil Cache or
-// an invalid option.
+// New returns the middleware, caching in c. It panics on a nil Cache, an
+// invalid option, or a Scope (none included) that another middleware on
+// c has already (see [Options.Scope]). The middleware it returns may wrap
+// any number of handlers.
 func New(c *herd.Cache, opt *Options) func(http.Handler) http.Handler {
 	if c == nil {
 		panic("herd/middleware: New with a nil Cache")
 	}
 	cfg := opt.resolve()
+	claimScope(c, cfg.Scope)
 	return func(next http.Handler) http.Handler {
 		if next == nil {
 			panic("herd/middleware: nil handler")
@@ -398,21 +437,49 @@ var errServerError = errors.New("herd/middleware: the handler answered with a se
 
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key, why := h.keyOrBypass(r)
+	if why == BypassMethod && !isSafe(r.Method) {
+		if h.cfg.OnBypass != nil {
+			h.cfg.OnBypass(r, why)
+		}
+		w.Header().Set("Cache-Status", withDetail(statusBypass, detailMethod))
+		h.serveUnsafe(w, r)
+		return
+	}
 	if why != "" {
-		h.bypass(w, r, why, statusBypass)
+		h.bypass(w, r, why, withDetail(statusBypass, h.bypassDetail(r, why)))
 		return
 	}
 	key = h.classKey(r) + key
+	if h.cfg.Standard && parseDirectives(r.Header.Values("Cache-Control")).has("only-if-cached") {
+		h.onlyIfCached(w, r, key)
+		return
+	}
 	ctx := r.Context()
 	retried, replaced := false, false
+	var varied *variedKey // the secondary key's marker, once a vary marker was found (vary.go)
 	for {
 		wctx, cancel := ctx, context.CancelFunc(func() {})
 		if h.cfg.WaitTimeout > 0 {
 			wctx, cancel = context.WithTimeout(ctx, h.cfg.WaitTimeout)
 		}
-		hit, fill, err := h.c.Begin(wctx, key, h.cfg.TTL, h.refresher(r))
+		hit, fill, err := h.c.Begin(wctx, key, h.cfg.TTL, h.refresher(r, key, varied))
 		cancel()
 		switch {
+		case hit != nil && h.cfg.Standard:
+			if m, err := decodeEntry(hit.Value); err == nil {
+				if gen, names, ok := varyMarker(m); ok {
+					if varied != nil || len(key) > 4*h.cfg.MaxKeyBytes {
+						// A marker where a variant belongs: serve directly.
+						w.Header().Set("Cache-Status", statusBypass)
+						h.next.ServeHTTP(w, r)
+						return
+					}
+					varied = &variedKey{names: names, primary: key}
+					key = varyKey(key, gen, names, r)
+					continue // this request's variant
+				}
+			}
+			fallthrough
 		case hit != nil:
 			e, err := h.hitEntry(r, hit)
 			if err == nil {
@@ -426,11 +493,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// Not ours (another writer keeps writing the key) or not
 			// deleted: run the handler, uncached.
 			h.log(slog.LevelWarn, "herd/middleware: stored value is not a response; bypassing", "key", key, "err", err)
-			w.Header().Set("Cache-Status", statusBypass)
+			w.Header().Set("Cache-Status", withDetail(statusBypass, detailUnservable))
 			h.next.ServeHTTP(w, r)
 			return
 		case fill != nil:
-			h.lead(w, r, fill)
+			h.lead(w, r, key, fill, varied)
 			return
 		case ctx.Err() != nil:
 			return // the client went away
@@ -439,6 +506,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			continue // the leader failed: one of the waiters leads now
 		case errors.Is(err, herd.ErrLoadFailed):
 			h.log(slog.LevelWarn, "herd/middleware: the response failed twice; answering with ErrorHandler", "key", key, "err", err)
+			w.Header().Set("Cache-Status", withDetail(statusMiss, detailError)) // ErrorHandler may replace it
 			h.cfg.ErrorHandler(w, r, err)
 			return
 		case errors.Is(err, herd.ErrNotFound) && !replaced:
@@ -450,7 +518,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 				replaced = true
 				continue
 			}
-			w.Header().Set("Cache-Status", statusBypass)
+			w.Header().Set("Cache-Status", withDetail(statusBypass, detailUnservable))
 			h.next.ServeHTTP(w, r)
 			return
 		case errors.Is(err, herd.ErrPass):
@@ -462,7 +530,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			// Not shared, wait budget spent, Redis unavailable, a
 			// foreign value: serve this request directly, uncached.
 			h.log(slog.LevelDebug, "herd/middleware: serving uncached", "key", key, "err", err)
-			w.Header().Set("Cache-Status", statusBypass)
+			w.Header().Set("Cache-Status", withDetail(statusBypass, errDetail(err)))
 			h.next.ServeHTTP(w, r)
 			return
 		}
@@ -481,17 +549,17 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
 		return "", BypassMethod
 	}
-	for _, name := range methodOverrideHeaders {
-		if len(r.Header.Values(name)) > 0 {
-			return "", BypassMethodOverride
-		}
+	if hasMethodOverride(r) {
+		return "", BypassMethodOverride
 	}
 	// ContentLength is -1 for a body of unknown length: chunked in
 	// HTTP/1.1, DATA frames without content-length in HTTP/2 and 3.
 	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
 		return "", BypassBody
 	}
-	if len(r.Header.Values("Range")) > 0 {
+	if rs := r.Header.Values("Range"); len(rs) > 0 && !(h.cfg.Standard && r.Method == http.MethodGet && len(rs) == 1) {
+		// In the standard mode one Range of a GET is served from the
+		// whole response (ranges.go).
 		return "", BypassRange
 	}
 	if isUpgrade(r) {
@@ -559,17 +627,11 @@ func (h *handler) scanHeaders(r *http.Request) requestHeaders {
 	return scanHeaders(r, h.cfg.keyHeaders)
 }
 
-// scope is r's key namespace (see Options.Scope): the configured one, or
-// the port of the listener that accepted r's connection.
-func (h *handler) scope(r *http.Request) string {
+// scope is r's key namespace (see Options.Scope): the configured one,
+// or none.
+func (h *handler) scope(*http.Request) string {
 	if h.cfg.Scope != "" {
 		return "=" + h.cfg.Scope
-	}
-	switch a := r.Context().Value(http.LocalAddrContextKey).(type) {
-	case *net.TCPAddr:
-		return "port:" + strconv.Itoa(a.Port)
-	case net.Addr:
-		return a.Network() + ":" + a.String()
 	}
 	return ""
 }
@@ -615,13 +677,18 @@ func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit
 		status += "; ttl=" + strconv.FormatInt(int64(time.Until(hit.Expires)/time.Second), 10)
 	}
 	age := max(time.Since(hit.WrittenAt), 0)
-	h.write(w, r, e, status, age)
+	h.write(w, r, e, status, age, nil)
 }
 
 // write sends e with the herd headers, or 304 or 412 when the request's
 // conditional header fields say so (evaluated on e, never by the
 // handler).
-func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status string, age time.Duration) {
+//
+// trailers, for a leader's own response, are the trailer fields its
+// handler set (takeTrailers): they follow the body, which is then sent
+// without Content-Length so that net/http can send them (chunked). A
+// stored response is served without trailers.
+func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status string, age time.Duration, trailers http.Header) {
 	dst := w.Header()
 	// The fields that describe the bytes are e's alone: a leader's header
 	// map holds what its handler set, which may describe another
@@ -660,10 +727,18 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		w.WriteHeader(code)
 		return
 	}
-	dst.Set("Content-Length", strconv.Itoa(len(e.body)))
-	w.WriteHeader(e.status)
+	code, body := h.servedRange(r, e, dst)
+	if hasTrailers(dst) && r.Method != http.MethodHead {
+		dst.Del("Content-Length")
+	} else {
+		dst.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	w.WriteHeader(code)
 	if r.Method != http.MethodHead {
-		_, _ = w.Write(e.body)
+		_, _ = w.Write(body)
+	}
+	for k, vs := range trailers {
+		dst[k] = vs // after the header went out: net/http sends them as trailers
 	}
 }
 
@@ -700,9 +775,26 @@ func withoutConditionals(r *http.Request) *http.Request {
 // recoverer sees it. The handler gets the request as a GET without its
 // conditional header fields, with its bucket's Accept-Encoding
 // (handlerRequest): the entry it builds is for everyone.
-func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) {
+//
+// varied is nil for a primary key, the marker's fields for a variant's
+// key (vary.go).
+func (h *handler) lead(w http.ResponseWriter, r *http.Request, key string, fill *herd.Fill, varied *variedKey) {
 	head := r.Method == http.MethodHead
 	req := h.handlerRequest(r)
+	var old *entry // the response kept for revalidation (standard mode)
+	var oldTag string
+	if h.cfg.Standard {
+		if old, oldTag = h.keptResponse(r.Context(), varied.primaryOr(key), r); old != nil {
+			if now := time.Now(); maxStale(r, old, now) {
+				// The client takes it stale (§5.2.1.2): the rebuild is
+				// another request's.
+				fill.Handover()
+				h.write(w, r, old, statusStale, sinceStored(old, now), nil)
+				return
+			}
+			req = conditional(req, old, oldTag)
+		}
+	}
 	before := snapshotHeader(w.Header())
 	cw := newCaptureWriter(w, h.cfg.MaxBodyBytes, head)
 	cw.onPassthrough = func() {
@@ -710,7 +802,26 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 			stripTags(w.Header()) // before the header goes out
 		}
 		// Release the waiters now, not when a stream (maybe endless) ends.
-		h.notShared(r, fill, "the response streamed, outgrew MaxBodyBytes or was hijacked", true)
+		_, cached := h.cfg.StatusTTL[cw.status]
+		if h.cfg.Standard {
+			cached = standardCached(cw.status)
+		}
+		switch {
+		case cw.hijacked:
+			h.notShared(r, fill, "the response was hijacked", true)
+		case cw.status >= 500:
+			// A failure, streamed or not: one waiter leads again, the
+			// others wait for it (never one handler run per waiter), and
+			// the URL is not marked.
+			fill.Abort(errServerError)
+		case !cached:
+			// A status without a TTL (a 429, a 403) may be passing, or
+			// this client's: the waiters run the handler, nothing is
+			// marked, as when it does not stream.
+			h.notShared(r, fill, "status "+strconv.Itoa(cw.status)+" is not cached, and it streamed", false)
+		default:
+			h.notShared(r, fill, "the response streamed or outgrew MaxBodyBytes", true)
+		}
 	}
 	done := false
 	defer func() {
@@ -727,8 +838,10 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 			panic(v)
 		}
 	}()
+	start := time.Now()
 	h.next.ServeHTTP(cw, req)
 	done = true
+	finished := time.Now()
 
 	if cw.passthrough {
 		// Streamed or hijacked: the client has it; waiters serve themselves.
@@ -736,14 +849,35 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		return
 	}
 	tags := h.takeTags(w.Header())
+	if cw.truncated() {
+		h.sendTruncated(w, r, fill, cw)
+		return
+	}
+	trailers := takeTrailers(w.Header())
 	e := &entry{status: cw.finalStatus(), header: storedHeader(w.Header(), before), body: cw.buf.Bytes()}
-	v := h.decide(r, e, w.Header(), before)
-	setStoredAge(e, v)
+	age := initialAge(w.Header(), start, finished, h.cfg.Standard)
+	full, etag := w.Header(), headerGet(w.Header(), "Etag")
+	if old != nil && e.status >= 500 && staleIfError(old, finished) {
+		// The handler failed: the kept response stands in for it (RFC
+		// 5861 stale-if-error). The waiters retry, as after any 5xx.
+		fill.Abort(errServerError)
+		h.write(w, r, old, statusStale, sinceStored(old, finished), nil)
+		return
+	}
+	if old != nil && e.status == http.StatusNotModified {
+		e, full = updated(old, w.Header())
+		etag = cmp.Or(etag, oldTag)
+	}
+	if h.cfg.Standard {
+		standardStoredHeader(e.header, full, finished)
+	}
+	v := h.decide(r, e, full, before, age)
+	setStoredAge(e, age)
 	var p packed
 	if v.ttl > 0 || (v.shared && e.status < 500) {
 		var why string
 		if p, why = h.pack(e); why != "" {
-			v = verdict{why: why, mark: true} // the response's own encoding: the URL's
+			v = verdict{why: why, detail: detailEncoding, mark: true} // the response's own encoding: the URL's
 		} else if s, err := h.variant(r, p.stored, p.plain); err == nil {
 			// What a hit would serve this client, stored or not: each
 			// representation with its own ETag.
@@ -751,8 +885,12 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		}
 	}
 	if v.ttl > 0 && fill.Leased() && len(tags) > 0 {
-		if err := fill.SetTags(tags...); err != nil {
-			v = verdict{why: "its tags cannot be recorded: " + err.Error(), mark: true}
+		set := fill.SetTags
+		if minted(r, e.status) {
+			set = fill.SetMintedTags
+		}
+		if err := set(tags...); err != nil {
+			v = verdict{why: "its tags cannot be recorded: " + err.Error(), detail: detailTagsInvalid, mark: true}
 		}
 	}
 	switch {
@@ -763,14 +901,52 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		fill.Handover()
 		return
 	case v.ttl > 0 && fill.Leased():
-		if err := fill.Commit(p.stored.encode(), v.ttl, v.staleFor); err != nil {
+		enc := p.stored.encode()
+		switch {
+		case varied != nil && !slices.Equal(varied.names, v.vary):
+			v = verdict{why: "its Vary is not the one its URL's other responses gave"}
+			h.notShared(r, fill, v.why, false)
+			h.write(w, r, e, statusMiss, 0, trailers)
+			return
+		case varied == nil && len(v.vary) > 0:
+			// Stored under its variant's key; the primary key gets the
+			// marker (vary.go).
+			marker, gen := newVaryMarker(v.vary)
+			vkey := varyKey(key, gen, v.vary, r)
+			if minted(r, e.status) && len(tags) > 0 {
+				fill.Abort(fmt.Errorf("%w: a tagged variant of a minted key", herd.ErrNotShared))
+				h.write(w, r, e, statusMiss, 0, trailers)
+				return
+			}
+			if err := h.setVariant(r.Context(), vkey, enc, v.ttl, tags); err != nil {
+				h.log(slog.LevelWarn, "herd/middleware: response not stored", "err", err)
+				fill.Abort(fmt.Errorf("%w: its variant could not be stored", herd.ErrNotShared))
+				h.write(w, r, e, statusMiss, 0, trailers)
+				return
+			}
+			enc = marker.encode()
+		}
+		if err := fill.Commit(enc, v.ttl, v.staleFor); err != nil {
 			h.log(slog.LevelWarn, "herd/middleware: response not stored", "err", err)
-			h.write(w, r, e, statusMiss, 0)
+			h.write(w, r, e, withDetail(statusMiss, detailStoreFailed), 0, trailers)
 			return
 		}
-		h.write(w, r, e, statusStored, 0)
+		if len(tags) > 0 && !h.storedAs(r, key, enc) {
+			// Commit hands a value whose tags could not be recorded (a
+			// full tag index, herd.ErrTagFull) to the waiters without
+			// storing it: Cache-Status says what happened.
+			h.write(w, r, e, withDetail(statusMiss, detailTagsNotRecorded), 0, trailers)
+			return
+		}
+		if h.cfg.Standard {
+			h.keepForRevalidation(r.Context(), varied.primaryOr(key), p.stored, etag, v.ttl, tags, minted(r, e.status), variantOf(r, v.vary))
+		}
+		h.write(w, r, e, statusStored, 0, trailers)
 		return
 	case v.ttl > 0 || v.shared:
+		if v.revalidate {
+			h.keepForRevalidation(r.Context(), varied.primaryOr(key), p.stored, etag, 0, tags, minted(r, e.status), variantOf(r, v.vary))
+		}
 		// Shareable but not stored (an unleased fill, or an error status):
 		// local waiters could take it, but a 5xx is retried by one waiter.
 		if e.status >= 500 {
@@ -784,7 +960,34 @@ func (h *handler) lead(w http.ResponseWriter, r *http.Request, fill *herd.Fill) 
 		h.notShared(r, fill, v.why, v.mark)
 	}
 	h.log(slog.LevelDebug, "herd/middleware: response not stored", "status", e.status, "reason", v.why)
-	h.write(w, r, e, statusMiss, 0)
+	h.write(w, r, e, withDetail(statusMiss, h.missDetail(fill, v)), 0, trailers)
+}
+
+// storedAs reports whether Redis holds enc under key (one GET): whether
+// a tagged Commit stored its value.
+func (h *handler) storedAs(r *http.Request, key string, enc []byte) bool {
+	val, found, err := h.c.Peek(context.WithoutCancel(r.Context()), key)
+	return err == nil && found && bytes.Equal(val, enc)
+}
+
+// errTruncated is the cause of a leader's failure whose handler wrote
+// less than the Content-Length it declared.
+var errTruncated = errors.New("herd/middleware: the handler wrote less body than its Content-Length")
+
+// sendTruncated ends fill for a response whose body is shorter than the
+// Content-Length its handler declared: never stored nor shared (RFC 9111
+// §3.3), a failure (the waiters retry once, as after a 5xx). Its own
+// client gets what net/http would send it without herd: the header with
+// the declared length and the bytes written, after which net/http closes
+// the connection (the client sees the body end early).
+func (h *handler) sendTruncated(w http.ResponseWriter, r *http.Request, fill *herd.Fill, cw *captureWriter) {
+	fill.Abort(errTruncated)
+	h.log(slog.LevelWarn, "herd/middleware: response not stored: its body is shorter than its Content-Length", "declared", cw.declared, "written", cw.buf.Len())
+	w.Header().Set("Cache-Status", withDetail(statusMiss, detailTruncated))
+	w.WriteHeader(cw.finalStatus())
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(cw.buf.Bytes())
+	}
 }
 
 // verdict is what decide says of a response.
@@ -793,15 +996,20 @@ type verdict struct {
 	staleFor time.Duration // how long it may be served stale after ttl
 	shared   bool          // the requests waiting for it may take it
 	why      string        // why it is not stored
+	detail   string        // why, as a Cache-Status detail (status.go)
 	mark     bool          // not stored for a reason of the URL's, not of this request's: hit-for-miss
-	age      time.Duration // the Age the handler gave it
+
+	revalidate bool     // not stored fresh, but kept for revalidation (standard mode: no-cache, stale on arrival)
+	vary       []string // request fields outside the key it varies on (standard mode: stored under a secondary key, vary.go)
 }
 
-// setStoredAge records in e the Age the handler gave it, which the Age of
-// each response served from it includes (RFC 9111 §4.2.3).
-func setStoredAge(e *entry, v verdict) {
-	if v.age > 0 {
-		e.header["Age"] = []string{strconv.FormatInt(int64(v.age/time.Second), 10)}
+// setStoredAge records in e its corrected initial age (the Age it came
+// with and the time the handler took, see initialAge), which the Age of
+// each response sent from it includes (RFC 9111 §4.2.3), whether it is
+// stored or not.
+func setStoredAge(e *entry, age time.Duration) {
+	if age >= time.Second {
+		e.header["Age"] = []string{strconv.FormatInt(int64(age/time.Second), 10)}
 	}
 }
 
@@ -810,13 +1018,20 @@ func setStoredAge(e *entry, v verdict) {
 // response's header map, before its snapshot before the handler ran: Vary
 // is judged on what the handler wrote, not on what an outer middleware
 // set for every response (CORS's Vary: Origin).
-func (h *handler) decide(r *http.Request, e *entry, full http.Header, before headerSnapshot) verdict {
+//
+// age is the response's corrected initial age (see initialAge).
+func (h *handler) decide(r *http.Request, e *entry, full http.Header, before headerSnapshot, age time.Duration) verdict {
+	if h.cfg.Standard {
+		return h.decideStandard(r, e, full, before, age)
+	}
 	if name := perUserField(full); name != "" {
-		return verdict{why: "sets " + name + ", which is per user", mark: true}
+		return verdict{why: "sets " + name + ", which is per user", detail: perUserDetail(name), mark: true}
 	}
 	cc := parseCacheControl(full)
-	if cc.has("private") || cc.has("no-store") || cc.has("no-cache") {
-		return verdict{why: "Cache-Control forbids a shared cache", mark: true}
+	for _, d := range []string{"private", "no-store", "no-cache"} {
+		if cc.has(d) {
+			return verdict{why: "Cache-Control forbids a shared cache", detail: d, mark: true}
+		}
 	}
 	for _, v := range handlerValues(full, before, "Vary") {
 		for name := range strings.SplitSeq(v, ",") {
@@ -825,25 +1040,26 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header, before hea
 				continue
 			}
 			if name == "*" || !h.keyed(name) {
-				return verdict{why: "varies on " + name + ", which is not part of the key", mark: true}
+				return verdict{why: "varies on " + name + ", which is not part of the key", detail: detailVary, mark: true}
 			}
 		}
 	}
 	if h.unkeyedCredentials(r, h.scanHeaders(r)) && !(cc.has("public") || cc.has("s-maxage") || cc.has("must-revalidate")) {
-		return verdict{why: "a response to a request with credentials outside the key, without public, s-maxage or must-revalidate"}
+		return verdict{why: "a response to a request with credentials outside the key, without public, s-maxage or must-revalidate", detail: detailCredentials}
 	}
 	ttl, ok := h.cfg.StatusTTL[e.status]
 	if !ok {
-		return verdict{shared: e.status >= 500, why: "status " + strconv.Itoa(e.status) + " is not cached"}
+		return verdict{shared: e.status >= 500, why: "status " + strconv.Itoa(e.status) + " is not cached", detail: detailStatus}
 	}
 	f := responseFreshness(full, cc, time.Now())
+	f.age = age
 	left := f.remaining()
 	if f.stated && left <= 0 {
 		// Stale at once (RFC 9111 §4.2): s-maxage, max-age or Expires of
 		// 0 or past, given twice with different values, or an Age past
 		// it. It could only be served after a revalidation, which herd
 		// does not do.
-		return verdict{why: "stale on arrival (s-maxage, max-age or Expires, less Age)", mark: true}
+		return verdict{why: "stale on arrival (s-maxage, max-age or Expires, less Age)", detail: detailStale, mark: true}
 	}
 	if h.cfg.RespectCacheControl && f.stated {
 		ttl = left
@@ -857,7 +1073,7 @@ func (h *handler) decide(r *http.Request, e *entry, full http.Header, before hea
 			ttl = min(ttl, left)
 		}
 	}
-	return verdict{ttl: ttl, staleFor: staleFor, shared: true, age: f.age}
+	return verdict{ttl: ttl, staleFor: staleFor, shared: true}
 }
 
 // keyed reports whether the request header name (canonical) is part of
@@ -879,7 +1095,7 @@ func (h *handler) keyed(name string) bool {
 // the background, detached from the client. The snapshot copies chi's
 // route context, which chi recycles once the request returns; other
 // request-scoped context values must stay valid after the request.
-func (h *handler) refresher(r *http.Request) func() herd.LoadFunc {
+func (h *handler) refresher(r *http.Request, key string, varied *variedKey) func() herd.LoadFunc {
 	return func() herd.LoadFunc {
 		base := context.WithoutCancel(r.Context())
 		if rc := chi.RouteContext(base); rc != nil {
@@ -887,7 +1103,7 @@ func (h *handler) refresher(r *http.Request) func() herd.LoadFunc {
 		}
 		snap := r.Clone(base)
 		return func(ctx context.Context) ([]byte, error) {
-			return h.refresh(ctx, snap)
+			return h.refresh(ctx, snap, key, varied)
 		}
 	}
 }
@@ -909,7 +1125,7 @@ func copyRouteContext(rc *chi.Context) *chi.Context {
 // refresh runs the handler on snap, a snapshot of the request that found
 // the entry stale, and returns the entry to store. The handler gets it as
 // a GET without conditional header fields, as in lead.
-func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, error) {
+func (h *handler) refresh(ctx context.Context, snap *http.Request, key string, varied *variedKey) ([]byte, error) {
 	rctx, cancel := context.WithCancel(snap.Context())
 	defer cancel()
 	stop := context.AfterFunc(ctx, cancel)
@@ -919,17 +1135,39 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	for _, name := range conditionalHeaders {
 		req.Header.Del(name)
 	}
+	req.Header.Del("Range") // the whole response is stored (ranges.go)
 	_, shown := h.bucket(snap)
 	req.Header.Set("Accept-Encoding", shown)
+	var old *entry
+	var oldTag string
+	if h.cfg.Standard {
+		if old, oldTag = h.keptResponse(ctx, varied.primaryOr(key), snap); old != nil {
+			req = conditional(req, old, oldTag)
+		}
+	}
 	cw := newCaptureWriter(nil, h.cfg.MaxBodyBytes, false)
+	start := time.Now()
 	h.next.ServeHTTP(cw, req)
+	finished := time.Now()
 	if cw.passthrough {
 		return nil, fmt.Errorf("herd/middleware: refresh response %w: it streamed, outgrew MaxBodyBytes or was hijacked", herd.ErrNotShared)
 	}
+	if cw.truncated() {
+		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %w", errTruncated)
+	}
 	tags := h.takeTags(cw.header)
 	e := &entry{status: cw.finalStatus(), header: storedHeader(cw.header, nil), body: cw.buf.Bytes()}
-	v := h.decide(req, e, cw.header, nil)
-	setStoredAge(e, v)
+	age := initialAge(cw.header, start, finished, h.cfg.Standard)
+	full, etag := cw.header, headerGet(cw.header, "Etag")
+	if old != nil && e.status == http.StatusNotModified {
+		e, full = updated(old, cw.header)
+		etag = cmp.Or(etag, oldTag)
+	}
+	if h.cfg.Standard {
+		standardStoredHeader(e.header, full, finished)
+	}
+	v := h.decide(req, e, full, nil, age)
+	setStoredAge(e, age)
 	if v.ttl <= 0 && e.status >= 500 {
 		return nil, fmt.Errorf("herd/middleware: refresh response not storable: %s", v.why)
 	}
@@ -939,7 +1177,11 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 		return nil, fmt.Errorf("herd/middleware: refresh response %w: %s", herd.ErrNotShared, v.why)
 	}
 	if len(tags) > 0 {
-		if err := herd.SetTags(ctx, tags...); err != nil {
+		set := herd.SetTags
+		if minted(req, e.status) {
+			set = herd.SetMintedTags
+		}
+		if err := set(ctx, tags...); err != nil {
 			return nil, fmt.Errorf("herd/middleware: refresh response %w: its tags cannot be recorded: %w", herd.ErrNotShared, err)
 		}
 	}
@@ -947,8 +1189,25 @@ func (h *handler) refresh(ctx context.Context, snap *http.Request) ([]byte, erro
 	if why != "" {
 		return nil, fmt.Errorf("herd/middleware: refresh response %w: %s", herd.ErrNotShared, why)
 	}
+	enc := p.stored.encode()
+	switch {
+	case varied != nil && !slices.Equal(varied.names, v.vary):
+		return nil, fmt.Errorf("herd/middleware: refresh response %w: its Vary is not the one its URL's other responses gave", herd.ErrNotShared)
+	case varied == nil && len(v.vary) > 0:
+		if minted(req, e.status) && len(tags) > 0 {
+			return nil, fmt.Errorf("herd/middleware: refresh response %w: a tagged variant of a minted key", herd.ErrNotShared)
+		}
+		marker, gen := newVaryMarker(v.vary)
+		if err := h.setVariant(ctx, varyKey(key, gen, v.vary, req), enc, v.ttl+v.staleFor, tags); err != nil {
+			return nil, fmt.Errorf("herd/middleware: refresh response %w: its variant could not be stored: %w", herd.ErrNotShared, err)
+		}
+		enc = marker.encode()
+	}
 	herd.SetExpiry(ctx, v.ttl, v.staleFor)
-	return p.stored.encode(), nil
+	if h.cfg.Standard {
+		h.keepForRevalidation(ctx, varied.primaryOr(key), p.stored, etag, v.ttl+v.staleFor, tags, minted(req, e.status), variantOf(req, v.vary))
+	}
+	return enc, nil
 }
 
 func (h *handler) log(level slog.Level, msg string, args ...any) {

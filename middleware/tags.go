@@ -60,6 +60,18 @@ func responseTags(h http.Header) []string {
 	return slices.Compact(tags)
 }
 
+// minted reports whether the key of r, whose response has status, is one
+// any client can mint without bound: a URL with a query string (?utm=N),
+// or an error page (a 404 for any path). Its tags are recorded with
+// herd.SetMintedTags: such keys take at most half of a tag's index
+// (herd.Options.MaxTagEntries), so that a flood of them, which would
+// otherwise fill the index of a tag every page carries and keep every
+// other page with that tag from being stored, leaves the other half to
+// the site's own pages.
+func minted(r *http.Request, status int) bool {
+	return r.URL.RawQuery != "" || r.URL.ForceQuery || status >= 400
+}
+
 // isTagField reports whether name is Surrogate-Key or Cache-Tag, in any
 // case.
 func isTagField(name string) bool {

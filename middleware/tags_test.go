@@ -153,7 +153,7 @@ func (r *shopRig) wantRebuild(srv *httptest.Server, id, body string) {
 	r.t.Helper()
 	runs := r.ran(id)
 	res, got := r.get(srv, id)
-	if res.Header.Get("Cache-Status") != statusStored || got != body || r.ran(id) != runs+1 {
+	if !sameStatus(res.Header.Get("Cache-Status"), statusStored) || got != body || r.ran(id) != runs+1 {
 		r.t.Fatalf("GET %s: Cache-Status %q, body %q, handler runs %d→%d; want one run storing %q", id, res.Header.Get("Cache-Status"), got, runs, r.ran(id), body)
 	}
 }
@@ -282,7 +282,7 @@ func TestTagHeadersStripped(t *testing.T) {
 	if err := kc.InvalidateTag(context.Background(), "b"); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := get(t, srv.URL+"/x"); res.Header.Get("Cache-Status") != statusStored {
+	if res, _ := get(t, srv.URL+"/x"); !sameStatus(res.Header.Get("Cache-Status"), statusStored) {
 		t.Fatalf("after purging a non-canonical Surrogate-Key's tag: Cache-Status %q, want a rebuild", res.Header.Get("Cache-Status"))
 	}
 
@@ -318,6 +318,7 @@ func TestTagHeadersStripped(t *testing.T) {
 
 	// An instance that keeps them, on the rig's Redis and scope, serves
 	// an entry stored by one that does not: without them.
+	shareScopes(r.cb) // kb stands for another instance of the program, on B's Cache
 	kb := New(r.cb, &Options{Scope: "shop", KeepTagHeaders: true})(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {
 		t.Error("the handler ran: want a hit of the entry instance A stored")
 	}))
@@ -367,7 +368,7 @@ func TestTagHostileHeaders(t *testing.T) {
 			if body != "page" || stored != tc.stored {
 				t.Fatalf("second GET: body %q, Cache-Status %q, stored %v; want stored %v", body, res.Header.Get("Cache-Status"), stored, tc.stored)
 			}
-			if !tc.stored && res.Header.Get("Cache-Status") != statusHitForMiss {
+			if !tc.stored && !sameStatus(res.Header.Get("Cache-Status"), statusHitForMiss) {
 				// The tags are the response's own: its URL is marked
 				// (hit-for-miss), like one that cannot be shared.
 				t.Fatalf("second GET: Cache-Status %q, want %q", res.Header.Get("Cache-Status"), statusHitForMiss)
@@ -398,7 +399,7 @@ func TestTagPurgeDuringRefresh(t *testing.T) {
 	time.Sleep(400 * time.Millisecond) // past the TTL: the next request is stale
 	open := r.hold("1")
 	res, body := r.get(r.a, "1")
-	if res.Header.Get("Cache-Status") != statusStale || body != "product 1 v0" {
+	if !sameStatus(res.Header.Get("Cache-Status"), statusStale) || body != "product 1 v0" {
 		t.Fatalf("stale GET: Cache-Status %q, body %q", res.Header.Get("Cache-Status"), body)
 	}
 	r.waitEntered("1") // the refresh
@@ -420,7 +421,7 @@ func TestTagRefreshStoresItsTags(t *testing.T) {
 	r.extraTags = "new-tag"
 	r.mu.Unlock()
 	r.version.Store(1)
-	if res, _ := r.get(r.a, "1"); res.Header.Get("Cache-Status") != statusStale {
+	if res, _ := r.get(r.a, "1"); !sameStatus(res.Header.Get("Cache-Status"), statusStale) {
 		t.Fatalf("stale GET: Cache-Status %q", res.Header.Get("Cache-Status"))
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -452,5 +453,75 @@ func TestResponseTags(t *testing.T) {
 	stripTags(h)
 	if len(h) != 1 || h.Get("Other") != "x" {
 		t.Fatalf("stripTags left %v", h)
+	}
+}
+
+// TestCacheStatusHonestWhenTagIndexFull: when a tag's index is full
+// (herd.Options.MaxTagEntries), a response carrying the tag is served but
+// not stored, and its Cache-Status says so ("fwd=miss" without
+// "stored"). From the HTTP issue's hole 5: /blog?utm=N filled the index of
+// a tag every page carries, and /home then said "stored" on every
+// request though nothing was stored.
+func TestCacheStatusHonestWhenTagIndexFull(t *testing.T) {
+	c, _ := newCache(t, &herd.Options{MaxTagEntries: 3})
+	for _, rt := range secRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Surrogate-Key", "layout-"+rt.name)
+				io.WriteString(w, "page "+r.URL.String())
+			})
+			srv, cl := secServe(t, rt.build(New(c, nil), h))
+			for i := range 3 {
+				// Pages of the site's own (no query: see
+				// TestMintedKeysCannotFillATagIndex for the flood of ?utm=N).
+				secGet(t, cl, fmt.Sprintf("%s/blog/%d", srv.URL, i))
+			}
+			for i := range 2 {
+				r := secGet(t, cl, srv.URL+"/home")
+				if sameStatus(r.cacheStatus(), statusStored) || strings.HasPrefix(r.cacheStatus(), statusHit) {
+					t.Errorf("GET %d of /home with the tag's index full: %v, want %q (nothing stored)", i+1, r, statusMiss)
+				}
+			}
+		})
+	}
+}
+
+// TestMintedKeysCannotFillATagIndex: the keys any client can mint (a URL
+// with a query string, a 404 page) take at most half of a tag's index, so
+// a flood of /blog?utm=N and of missing paths, all tagged with the tag
+// every page carries, leaves the site's own pages stored. From the HTTP
+// issue's hole 5: after the flood, /home ran its handler on every request.
+func TestMintedKeysCannotFillATagIndex(t *testing.T) {
+	c, _ := newCache(t, &herd.Options{MaxTagEntries: 4})
+	for _, rt := range secRouters {
+		t.Run(rt.name, func(t *testing.T) {
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Surrogate-Key", "layout-"+rt.name)
+				if strings.HasPrefix(r.URL.Path, "/missing/") {
+					w.WriteHeader(http.StatusNotFound)
+				}
+				io.WriteString(w, "page "+r.URL.String())
+			})
+			srv, cl := secServe(t, rt.build(New(c, nil), h))
+			stored := 0
+			for i := range 10 {
+				for _, p := range []string{fmt.Sprintf("/blog?utm=%d", i), fmt.Sprintf("/missing/%d", i)} {
+					if r := secGet(t, cl, srv.URL+p); r.cacheStatus() == statusStored {
+						stored++
+					}
+				}
+			}
+			if stored != 2 {
+				t.Errorf("minted keys stored: %d, want 2 (half of MaxTagEntries 4)", stored)
+			}
+			for _, p := range []string{"/home", "/about"} {
+				if r := secGet(t, cl, srv.URL+p); r.cacheStatus() != statusStored {
+					t.Errorf("GET %s after the flood: %v, want it stored", p, r)
+				}
+				if r := secGet(t, cl, srv.URL+p); !strings.HasPrefix(r.cacheStatus(), statusHit) {
+					t.Errorf("GET %s again: %v, want a hit", p, r)
+				}
+			}
+		})
 	}
 }

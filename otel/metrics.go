@@ -46,7 +46,7 @@ func newInstruments(m metric.Meter, cls *classes) (*instruments, error) {
 	in.retries = counter("herd.load.retries", "{flight}", "Follower flights that retried a failed leader's load with a new leader.")
 	in.loadDur = histogram("herd.load.duration", "Loader run time.")
 	in.leases = counter("herd.lease.events", "{event}", "Lease events.")
-	in.waitDur = histogram("herd.wait.duration", "Follower waits for another process's rebuild, by how they ended.")
+	in.waitDur = histogram("herd.wait.duration", "Waits of a flight for another process's rebuild, by how they ended.")
 	in.commits = counter("herd.commits", "{commit}", "Leader writes by result; fenced counts duplicate or stale rebuilds.")
 	var err error
 	in.circuitOpen, err = m.Int64Gauge("herd.circuit.open", metric.WithUnit("1"),

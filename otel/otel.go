@@ -23,8 +23,8 @@
 //	herd.load.duration{class}            loader run time, seconds (histogram)
 //	herd.load.retries{class}             followers that retried a failed leader's load (RetryFailedLoad, NoShare)
 //	herd.lease.events{class,event}       acquired, contended, taken_over, lost, extended, extend_failed
-//	herd.wait.duration{class,end}        follower waits by how they ended: notified, polled, takeover, timeout, cancelled (seconds, histogram)
-//	herd.commits{class,result}           stored, fenced (the duplicate-rebuild signal), error
+//	herd.wait.duration{class,end}        waits for another process's rebuild, by how they ended: notified, polled, takeover, timeout, cancelled (seconds, histogram)
+//	herd.commits{class,result}           stored, fenced (the duplicate-rebuild signal), error, unreplicated
 //	herd.circuit.open                    1 while the Redis circuit breaker is open (gauge)
 //	herd.circuit.transitions{state}      open, closed
 //	herd.fail_open{class}                calls served by a local load because Redis was unreachable
@@ -52,7 +52,7 @@
 //     same process and reports to this package, the span links to the
 //     leader's herd.load span.
 //   - herd.commit: a leader's write, with herd.commit.result (stored,
-//     fenced, error; error has status Error).
+//     fenced, error, unreplicated; error has status Error).
 //
 // Every span has herd.class and herd.rebuild, the rebuild's name
 // ([herd.Step.Rebuild]: the key's hash tag, as in its Redis key names,

@@ -17,15 +17,16 @@
 //	herd_load_duration_seconds{class}           loader run time (histogram)
 //	herd_load_retries_total{class}              followers that retried a failed leader's load (RetryFailedLoad, NoShare)
 //	herd_lease_events_total{class,event}        acquired, contended, taken_over, lost, extended, extend_failed
-//	herd_wait_duration_seconds{class,end}       follower waits by how they ended: notified, polled, takeover, timeout, cancelled (histogram)
-//	herd_commits_total{class,result}            stored, fenced (the duplicate-rebuild signal), error
+//	herd_wait_duration_seconds{class,end}       waits for another process's rebuild, by how they ended: notified, polled, takeover, timeout, cancelled (histogram)
+//	herd_commits_total{class,result}            stored, fenced (the duplicate-rebuild signal), error, unreplicated (on the master, not confirmed on its replicas)
 //	herd_circuit_open                           1 while the Redis circuit breaker is open
 //	herd_circuit_transitions_total{state}       open, closed
 //	herd_fail_open_total{class}                 calls served by a local load because Redis was unreachable
 //	herd_corrupt_values_total{class}            unreadable bytes at a value key (read as a miss)
 //	herd_refreshes_total{class,event}           background refreshes: started, dropped, failed, skipped
 //
-// Reading them (each mirrors a field of [herd.Stats]):
+// Reading them (each mirrors a field of [herd.Stats]; docs/design.md,
+// "Metrics: one name per count", has the table):
 //
 //   - outcome="leader" counts rebuilds, not callers: of the callers of one
 //     rebuild in a process one is the leader and the others followers. A
@@ -42,7 +43,9 @@
 //     at once, without waiting.
 //   - outcome="follower" is a call that waited for another caller's
 //     rebuild, in this process or in another; its reading of the rebuilt
-//     value is not a hit.
+//     value is not a hit. [herd.Stats].Follows counts the same calls;
+//     herd_wait_duration_seconds counts [herd.Stats].Waits, the flights
+//     that waited for another process.
 //
 // [NewBypassCounter] adds herd_http_bypasses_total{reason} for the HTTP
 // middleware: the requests it served without a lookup, or, for
@@ -109,7 +112,7 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 	m.retries = counter("load_retries_total", "Follower flights that retried a failed leader's load with a new leader.", "class")
 	m.loadDur = histogram("load_duration_seconds", "Loader run time.", "class")
 	m.leases = counter("lease_events_total", "Lease events.", "class", "event")
-	m.waits = histogram("wait_duration_seconds", "Follower waits for another process's rebuild, by how they ended.", "class", "end")
+	m.waits = histogram("wait_duration_seconds", "Waits of a flight for another process's rebuild, by how they ended.", "class", "end")
 	m.commits = counter("commits_total", "Leader writes by result; fenced counts duplicate or stale rebuilds.", "class", "result")
 	m.circuitOpen = prom.NewGauge(prom.GaugeOpts{Namespace: o.Namespace, Name: "circuit_open", Help: "1 while the Redis circuit breaker is open.", ConstLabels: o.ConstLabels})
 	m.circuitTrans = counter("circuit_transitions_total", "Circuit breaker transitions.", "state")

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -38,38 +37,35 @@ func testInspectAndStats(t *testing.T, srv *redistest.Server) {
 	}
 	defer fill.Abort(nil)
 
-	var out strings.Builder
-	if err := run(ctx, []string{"inspect", "-redis", srv.Addr(), "user:42", "user:43", "nobody"}, &out); err != nil {
-		t.Fatal(err)
+	got, errOut, code := herdCmd(t, nil, "inspect", "-redis", srv.Addr(), "user:42", "user:43", "nobody")
+	if code != 0 {
+		t.Fatalf("inspect: exit %d: %s", code, errOut)
 	}
-	got := out.String()
 	for _, want := range []string{`key:      "user:42"`, "14 bytes, fence", "lease:    free", `key:      "user:43"`, "lease:    held by", `key:      "nobody"`, "value:    none"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("inspect output lacks %q:\n%s", want, got)
 		}
 	}
-	out.Reset()
-	if err := run(ctx, []string{"inspect", "-redis", srv.Addr(), "-json", "user:42"}, &out); err != nil || !strings.Contains(out.String(), `"Bytes": 14`) {
-		t.Errorf("inspect -json: %v\n%s", err, out.String())
+	if out, errOut, code := herdCmd(t, nil, "inspect", "-redis", srv.Addr(), "-json", "user:42"); code != 0 || !strings.Contains(out, `"Bytes": 14`) {
+		t.Errorf("inspect -json: exit %d: %s\n%s", code, errOut, out)
 	}
 
-	out.Reset()
-	if err := run(ctx, []string{"stats", "-redis", srv.Addr()}, &out); err != nil {
-		t.Fatal(err)
+	out, errOut, code := herdCmd(t, nil, "stats", "-redis", srv.Addr())
+	if code != 0 {
+		t.Fatalf("stats: exit %d: %s", code, errOut)
 	}
 	for _, want := range []string{"values               1", "leases               1", "fence counters       2"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("stats output lacks %q:\n%s", want, out.String())
+		if !strings.Contains(out, want) {
+			t.Errorf("stats output lacks %q:\n%s", want, out)
 		}
 	}
 
-	var u usageError
-	for _, args := range [][]string{nil, {"inspect", "-redis", srv.Addr()}, {"frobnicate"}, {"stats", "x"}, {"inspect", "-bogus"}} {
-		if err := run(ctx, args, &out); !errors.As(err, &u) {
-			t.Errorf("run(%q) = %v, want a usage error", args, err)
+	for _, args := range [][]string{nil, {"inspect", "-redis", srv.Addr()}, {"frobnicate"}, {"stats", "-redis", srv.Addr(), "x"}, {"inspect", "-bogus"}} {
+		if _, errOut, code := herdCmd(t, nil, args...); code != 2 || !strings.Contains(errOut, "usage: herd") {
+			t.Errorf("herd %q: exit %d, want 2 with the usage on stderr:\n%s", args, code, errOut)
 		}
 	}
-	if err := run(ctx, []string{"inspect", "-redis", srv.Addr(), ""}, &out); !errors.Is(err, herd.ErrInvalidKey) {
-		t.Errorf("inspect of an empty key: %v", err)
+	if _, errOut, code := herdCmd(t, nil, "inspect", "-redis", srv.Addr(), ""); code != 1 || !strings.Contains(errOut, herd.ErrInvalidKey.Error()) {
+		t.Errorf("inspect of an empty key: exit %d, want 1 with ErrInvalidKey: %s", code, errOut)
 	}
 }

@@ -8,15 +8,15 @@
 // ("herd; fwd=miss; collapsed"). The entry is then a hit for 10 s, and
 // served stale for 30 s more while one request refreshes it. GET /stats
 // counts the handler's runs. Without -redis it uses an embedded
-// miniredis. Instances given the same -redis share their responses for
-// requests with the same Host (part of the key, as behind a load balancer)
-// if they listen on the same port (the key's default scope) or are given
-// the same -scope. Two on one machine, one handler run between them:
+// miniredis. Instances given the same -redis share their responses
+// wherever they listen: the key holds the request's host without its port
+// and its target, not the listener. Two on one machine, one handler run
+// between them (docs/middleware.md has the whole recipe):
 //
-//	go run ./examples/chi -redis 127.0.0.1:6379 -scope catalog
-//	go run ./examples/chi -redis 127.0.0.1:6379 -scope catalog -addr 127.0.0.1:8090
-//	curl -H 'Host: shop.example' http://127.0.0.1:8082/products/3
-//	curl -H 'Host: shop.example' http://127.0.0.1:8090/products/3
+//	go run ./examples/chi -redis 127.0.0.1:6399
+//	go run ./examples/chi -redis 127.0.0.1:6399 -addr 127.0.0.1:8083
+//	curl http://127.0.0.1:8082/products/3
+//	curl http://127.0.0.1:8083/products/3
 package main
 
 import (
@@ -70,7 +70,7 @@ func productHandler(w http.ResponseWriter, r *http.Request) {
 var (
 	addr      = flag.String("addr", "127.0.0.1:8082", "listen address (examples/nethttp uses 8080, examples/metrics 8081)")
 	redisAddr = flag.String("redis", "", "Redis address (default: an embedded miniredis)")
-	scope     = flag.String("scope", "", "middleware.Options.Scope: instances share entries only with the same scope (default: the listen port)")
+	scope     = flag.String("scope", "", "middleware.Options.Scope: instances share entries only with the same scope (default: none)")
 )
 
 func main() {
@@ -93,7 +93,13 @@ func run(addr, redisAddr string) error {
 		mr.ClockTTL(true) // let TTLs run with the wall clock, as in a real Redis
 		redisAddr = mr.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: redisAddr, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+	rdb := redis.NewClient(&redis.Options{
+		Addr: redisAddr,
+		// Fail fast when Redis is gone (the README's settings): herd then
+		// loads locally, and its breaker stops asking Redis.
+		DialTimeout: 250 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
+		MaxRetries: -1, DialerRetries: 1,
+	})
 	defer rdb.Close()
 	cache := herd.New(rdb, nil)
 	defer cache.Close()

@@ -37,7 +37,13 @@ func main() {
 		defer mr.Close()
 		*redisAddr = mr.Addr()
 	}
-	rdb := redis.NewClient(&redis.Options{Addr: *redisAddr, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond})
+	rdb := redis.NewClient(&redis.Options{
+		Addr: *redisAddr,
+		// Fail fast when Redis is gone (the README's settings): herd then
+		// loads locally, and its breaker stops asking Redis.
+		DialTimeout: 250 * time.Millisecond, ReadTimeout: 500 * time.Millisecond, WriteTimeout: 500 * time.Millisecond,
+		MaxRetries: -1, DialerRetries: 1,
+	})
 	defer rdb.Close()
 	locker := herd.NewLocker(rdb, nil)
 	defer locker.Close()

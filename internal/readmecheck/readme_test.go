@@ -1,14 +1,16 @@
 package readmecheck
 
-// TestREADMESnippets compiles every ```go block of README.md against this
-// repository and vets it.
+// TestREADMESnippets compiles every ```go block of README.md,
+// CONTRIBUTING.md and docs/*.md against this repository and vets it.
 //
 // Each block is preceded, on the lines just before its fence, by an HTML
 // comment (invisible when the README is rendered) that says what it is:
 //
 //	<!-- snippet file -->
 //
-// the block is a whole Go file, package clause and imports included; or
+// the block is a whole Go file, package clause and imports included (the
+// only kind the documentation uses: a reader sees every import and every
+// declaration a snippet needs); or
 //
 //	<!-- snippet func(ctx context.Context) error
 //	var db interface{ LoadUser(context.Context, int) (User, error) }
@@ -63,7 +65,8 @@ var snippetImports = []struct{ name, path, use string }{
 
 // snippet is one ```go block of the README.
 type snippet struct {
-	line  int      // README line of the block's first code line
+	file  string   // the Markdown file, relative to the repository
+	line  int      // line of the block's first code line in file
 	code  []string // the block's lines
 	kind  string   // "file", or the function signature of a body
 	decls []string // the marker's declaration lines
@@ -71,9 +74,9 @@ type snippet struct {
 
 var markerStart = regexp.MustCompile(`^<!--\s*snippet\s+(.*?)\s*(-->)?\s*$`)
 
-// parseREADME returns the ```go blocks of the README at path, each with
-// its marker.
-func parseREADME(path string) ([]snippet, error) {
+// parseREADME returns the ```go blocks of the Markdown file at path (name
+// is how errors name it), each with its marker.
+func parseREADME(path, name string) ([]snippet, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -100,10 +103,10 @@ func parseREADME(path string) ([]snippet, error) {
 			end++
 		}
 		if end == len(lines) {
-			return nil, fmt.Errorf("README.md:%d: unterminated code block", i+1)
+			return nil, fmt.Errorf("%s:%d: unterminated code block", name, i+1)
 		}
 		if info == "go" {
-			s := snippet{line: i + 2, code: lines[i+1 : end]}
+			s := snippet{file: name, line: i + 2, code: lines[i+1 : end]}
 			if err := s.readMarker(lines, i); err != nil {
 				errs = append(errs, err.Error())
 			} else {
@@ -123,23 +126,23 @@ func parseREADME(path string) ([]snippet, error) {
 func (s *snippet) readMarker(lines []string, fence int) error {
 	last := fence - 1
 	if last < 0 || !strings.HasSuffix(strings.TrimSpace(lines[last]), "-->") {
-		return fmt.Errorf("README.md:%d: a ```go block without a <!-- snippet ... --> marker on the line before it", fence+1)
+		return fmt.Errorf("%s:%d: a ```go block without a <!-- snippet ... --> marker on the line before it", s.file, fence+1)
 	}
 	first := last
 	for first >= 0 && !strings.HasPrefix(strings.TrimSpace(lines[first]), "<!--") {
 		first--
 	}
 	if first < 0 {
-		return fmt.Errorf("README.md:%d: a ```go block without a <!-- snippet ... --> marker on the line before it", fence+1)
+		return fmt.Errorf("%s:%d: a ```go block without a <!-- snippet ... --> marker on the line before it", s.file, fence+1)
 	}
 	m := markerStart.FindStringSubmatch(strings.TrimSpace(lines[first]))
 	if m == nil {
-		return fmt.Errorf("README.md:%d: the comment before a ```go block is not a <!-- snippet ... --> marker", first+1)
+		return fmt.Errorf("%s:%d: the comment before a ```go block is not a <!-- snippet ... --> marker", s.file, first+1)
 	}
 	s.kind = m[1]
 	if first != last {
 		if m[2] != "" {
-			return fmt.Errorf("README.md:%d: the marker ends on its first line, but the comment goes on", first+1)
+			return fmt.Errorf("%s:%d: the marker ends on its first line, but the comment goes on", s.file, first+1)
 		}
 		s.decls = lines[first+1 : last]
 		if rest := strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(lines[last]), "-->")); rest != "" {
@@ -149,11 +152,11 @@ func (s *snippet) readMarker(lines []string, fence int) error {
 	switch {
 	case s.kind == "file":
 		if len(s.decls) > 0 {
-			return fmt.Errorf("README.md:%d: a file snippet takes no declarations", first+1)
+			return fmt.Errorf("%s:%d: a file snippet takes no declarations", s.file, first+1)
 		}
 	case strings.HasPrefix(s.kind, "func("):
 	default:
-		return fmt.Errorf("README.md:%d: snippet kind %q: want file or a function signature func(...)", first+1, s.kind)
+		return fmt.Errorf("%s:%d: snippet kind %q: want file or a function signature func(...)", s.file, first+1, s.kind)
 	}
 	return nil
 }
@@ -161,7 +164,7 @@ func (s *snippet) readMarker(lines []string, fence int) error {
 // source is the Go file the snippet compiles as.
 func (s snippet) source() string {
 	if s.kind == "file" {
-		return fmt.Sprintf("//line README.md:%d\n%s\n", s.line, strings.Join(s.code, "\n"))
+		return fmt.Sprintf("//line %s:%d\n%s\n", s.file, s.line, strings.Join(s.code, "\n"))
 	}
 	var b strings.Builder
 	b.WriteString("package snippet\n\nimport (\n")
@@ -182,7 +185,7 @@ func (s snippet) source() string {
 	}
 	b.WriteString("\n")
 	b.WriteString(strings.Join(decls, "\n"))
-	fmt.Fprintf(&b, "\n\nfunc snippet%s {\n//line README.md:%d\n%s\n}\n", strings.TrimPrefix(s.kind, "func"), s.line, strings.Join(s.code, "\n"))
+	fmt.Fprintf(&b, "\n\nfunc snippet%s {\n//line %s:%d\n%s\n}\n", strings.TrimPrefix(s.kind, "func"), s.file, s.line, strings.Join(s.code, "\n"))
 	return b.String()
 }
 
@@ -191,12 +194,26 @@ func TestREADMESnippets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	snippets, err := parseREADME(filepath.Join(root, "README.md"))
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(snippets) == 0 {
-		t.Fatal("no ```go block in README.md")
+	var snippets []snippet
+	for _, path := range append([]string{filepath.Join(root, "README.md"), filepath.Join(root, "CONTRIBUTING.md")}, docs...) {
+		name, _ := filepath.Rel(root, path)
+		ss, err := parseREADME(path, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "README.md" && len(ss) == 0 {
+			t.Fatal("no ```go block in README.md")
+		}
+		for _, s := range ss {
+			if s.kind != "file" {
+				t.Errorf("%s:%d: a snippet marked %q: the documentation's snippets are whole files (<!-- snippet file -->), so that a reader sees their imports and declarations", s.file, s.line, s.kind)
+			}
+		}
+		snippets = append(snippets, ss...)
 	}
 	goBin, err := exec.LookPath("go")
 	if err != nil {
@@ -242,12 +259,12 @@ func TestREADMESnippets(t *testing.T) {
 		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
 		out, err := cmd.CombinedOutput()
 		if err != nil {
-			t.Errorf("go %s of the %d README snippets: %v\n%s", strings.Join(args, " "), len(snippets), err, out)
+			t.Errorf("go %s of the %d documentation snippets: %v\n%s", strings.Join(args, " "), len(snippets), err, out)
 		}
 	}
 	if t.Failed() {
 		for i, s := range snippets {
-			t.Logf("s%02d (README.md:%d):\n%s", i, s.line, s.source())
+			t.Logf("s%02d (%s:%d):\n%s", i, s.file, s.line, s.source())
 		}
 	}
 }
@@ -299,5 +316,29 @@ func writeFile(t *testing.T, path, content string) {
 	}
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestREADMEGivesCITestCommand: the test command the README gives is the
+// one .ci/run runs (the line after its "the README's test command" step).
+func TestREADMEGivesCITestCommand(t *testing.T) {
+	root := filepath.Join("..", "..")
+	ci, err := os.ReadFile(filepath.Join(root, ".ci", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, after, ok := strings.Cut(string(ci), "step \"tests (the README's test command)\"\n")
+	if !ok {
+		t.Fatal(".ci/run has no step \"tests (the README's test command)\"")
+	}
+	cmd, _, _ := strings.Cut(after, "\n")
+	cmd, _, _ = strings.Cut(cmd, " || ") // .ci/run keeps the exit code
+	cmd = strings.TrimSpace(cmd)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "\n"+cmd+" ") && !strings.Contains(string(readme), "\n"+cmd+"\n") {
+		t.Errorf("README.md does not give .ci/run's test command %q on a line of its own", cmd)
 	}
 }

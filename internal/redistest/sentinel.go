@@ -169,11 +169,23 @@ func (s *Sentinel) Failover(t testing.TB) (old, promoted *Server) {
 // returns the old and the new master.
 func (s *Sentinel) KillMaster(t testing.TB) (old, promoted *Server) {
 	t.Helper()
+	return s.KillMasterThen(t, nil)
+}
+
+// KillMasterThen is KillMaster that calls afterKill, when not nil, once
+// the master is dead and before the Sentinels elect a new one: for
+// example to resume replicas that were paused so that they missed the
+// master's last writes.
+func (s *Sentinel) KillMasterThen(t testing.TB, afterKill func()) (old, promoted *Server) {
+	t.Helper()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	old = s.Master(t)
 	epoch := s.mustEpoch(t)
 	old.Kill(t)
+	if afterKill != nil {
+		afterKill()
+	}
 	promoted = s.waitNewMaster(t, old, epoch, time.Now().Add(sentinelSettleTimeout))
 	old.Restart(t)
 	if _, err := command(old.Addr(), time.Second, "REPLICAOF", "127.0.0.1", strconv.Itoa(promoted.port)); err != nil {

@@ -136,6 +136,13 @@
 //     client and keep working until it is closed.
 //   - Lockers that share locks must share [Options.Prefix]. Another
 //     program writing under the prefix can break the queue.
+//   - A lock name is 1 to [herd.MaxLockKeyBytes] (8 KiB) bytes long, any
+//     bytes; an empty or a longer one is [herd.ErrInvalidKey] at once. A
+//     request holds the escaped name (up to three bytes for one) a few
+//     times, so a name at the bound makes a request of under 100 KiB,
+//     far below the client's 2 MiB and the server's 1.5 MiB
+//     (--max-request-bytes), which a name of about 512 KiB would exceed
+//     (gRPC's ResourceExhausted).
 //   - The etcd server must be v3.4 or later (the tests run against 3.4,
 //     with the v3.7 client).
 //

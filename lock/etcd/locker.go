@@ -190,8 +190,8 @@ func queueKey(pfx string, id clientv3.LeaseID) string {
 
 // prepare checks the arguments.
 func prepare(name string, ttl time.Duration) error {
-	if name == "" {
-		return fmt.Errorf("%w: empty lock name", herd.ErrInvalidKey)
+	if err := herd.CheckLockKey(name); err != nil {
+		return err
 	}
 	return checkTTL(ttl)
 }
@@ -201,12 +201,12 @@ func prepare(name string, ttl time.Duration) error {
 // waits for it. It takes two round trips when it wins (the etcd lease's
 // grant, then a transaction that puts the holder's key if the lock's
 // range is empty), and three when the lock is held (the unused etcd lease
-// is revoked). Any string but the empty one is a valid name
-// ([herd.ErrInvalidKey]); ttl must be between 1s and
-// clientv3.MaxLeaseTTL seconds, and is rounded up to whole seconds for
-// the server ([herd.ErrInvalidTTL]). An etcd error is returned wrapped,
-// and after [Locker.Close] it returns [herd.ErrClosed]. Each request is
-// bounded by ctx and by [Options.Timeout].
+// is revoked). Any string of 1 to [herd.MaxLockKeyBytes] bytes is a valid
+// name ([herd.ErrInvalidKey] otherwise, before any request); ttl must be
+// between 1s and clientv3.MaxLeaseTTL seconds, and is rounded up to whole
+// seconds for the server ([herd.ErrInvalidTTL]). An etcd error is
+// returned wrapped, and after [Locker.Close] it returns [herd.ErrClosed].
+// Each request is bounded by ctx and by [Options.Timeout].
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	if err := l.enter(); err != nil {
 		return nil, err

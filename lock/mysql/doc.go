@@ -30,8 +30,10 @@
 // Locker runs no transaction on it.
 //
 // The server's lock names are at most 64 characters, and they are
-// server-wide (not per database). A herd key, of any length and any
-// bytes, is hashed to a fixed name: "herd:" and the first 192 bits of its
+// server-wide (not per database). A herd key, of any bytes and 1 to
+// [herd.MaxLockKeyBytes] (8 KiB) of them ([herd.ErrInvalidKey] at once
+// otherwise: the bound is herd's, the same for every lock backend), is
+// hashed to a fixed name: "herd:" and the first 192 bits of its
 // SHA-256 in hex (53 characters). Two keys share a server lock only if
 // their hashes collide; other code that takes named locks on the server
 // shares the namespace, and should not use the "herd:" prefix.
@@ -83,6 +85,21 @@
 // go on waiting, and take the lock for a moment). KILL QUERY needs no
 // privilege for the user's own sessions, which these are.
 //
+// Acquire returns as soon as the KILL has ended the wait, and after 250ms
+// at the most: when the server or the network does not answer (a link
+// gone silent, dropping packets without a reset), neither the KILL nor
+// the GET_LOCK's reply gets through, and the call does not wait for
+// them. The wait is then left behind, never handed to a caller: the KILL
+// is sent again until the GET_LOCK returns (at the latest at its own
+// deadline, WaitChunk and 30s, or at Close, which closes its connection
+// at once), and its connection is closed, not reused. The server may
+// meanwhile grant that session the lock, if the holder releases it
+// while the KILL cannot get through: nobody holds that lock as a lease,
+// and the server frees it when it sees the connection close (on a link
+// that stays silent, only when its TCP connection times out). On a link
+// that answers, a cancelled Acquire has left nothing behind when it
+// returns.
+//
 // # When Lost closes
 //
 // A lease checks its connection every [Options.Check] (1s by default)
@@ -123,12 +140,36 @@
 // writing. [FencedTable] makes the write conditional in the database that
 // owns the data:
 //
-//	UPDATE accounts SET balance = ?, fence = ? WHERE id = ? AND fence < ?
+//	UPDATE accounts SET balance = ?, fence = ? WHERE id = ? AND fence <= ?
 //
 // so the late write of an older token changes nothing, and is reported as
-// [herd.ErrFenced], distinct from [herd.ErrNotFound] for a missing row,
-// with or without the clientFoundRows option. Use it with the token of
-// any herd lock.
+// [herd.ErrFenced] (with the row's fence and the token), distinct from
+// [herd.ErrNotFound] for a missing row, with or without the
+// clientFoundRows option. The same holding's repeated write, with the
+// same token, is accepted, as [herd.FencedStore] accepts it:
+// docs/locks.md ("Fencing tokens") has the rule, its reason, and what
+// the tokens' values are. Use it with the token of any herd lock.
+//
+// The table is yours; it needs a unique key and a BIGINT fence column
+// that starts at 0, in MySQL or MariaDB. For example:
+//
+//	CREATE TABLE accounts (
+//	    id      BIGINT NOT NULL PRIMARY KEY,
+//	    balance BIGINT NOT NULL,
+//	    fence   BIGINT NOT NULL DEFAULT 0
+//	) ENGINE=InnoDB;
+//
+// An existing table gets the column with
+//
+//	ALTER TABLE accounts ADD COLUMN fence BIGINT NOT NULL DEFAULT 0;
+//
+// and then:
+//
+//	err := herdmysql.FencedTable{Table: "accounts"}.Update(ctx, db, id, lease.Token(),
+//		map[string]any{"balance": balance})
+//	if errors.Is(err, herd.ErrFenced) {
+//		return err // a newer holder has written this row: drop this result
+//	}
 //
 // # Limits
 //
@@ -143,8 +184,10 @@
 //     table exists, and INSERT and UPDATE on it.
 //   - Ending a cancelled wait takes a connection of the Locker's pool for
 //     the KILL QUERY: when the server refuses new connections
-//     (max_connections), the wait ends only when its GET_LOCK does, within
-//     [Options.WaitChunk].
+//     (max_connections), Acquire still returns within 250ms, but the
+//     server's wait ends only when its GET_LOCK does, within
+//     [Options.WaitChunk], and a release in that time grants the lock to
+//     the abandoned session until its connection closes.
 //
 // # Tests
 //

@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/faultproxy"
 )
 
 // Worker roles: the test binary re-run as another process.
@@ -367,6 +368,126 @@ func TestCancelEndsServerWait(t *testing.T) {
 	}
 }
 
+// viaProxy starts a fault proxy in front of the test server, closed at
+// the end of the test, and returns the test database's configuration
+// with the proxy as its address.
+func viaProxy(t *testing.T) (*mysql.Config, *faultproxy.Proxy) {
+	t.Helper()
+	cfg := testConfig(t)
+	p, err := faultproxy.Start(cfg.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	cfg.Addr = p.Addr()
+	return cfg, p
+}
+
+// TestAcquireReturnsAtOnceWhenCtxEndsOnASilentLink: herd.Lock promises
+// that a waiting Acquire returns at once when its context ends. Here the
+// waiter reaches the server through a link that goes silent while its
+// GET_LOCK waits (the proxy drops every packet both ways and resets
+// nothing), so neither the GET_LOCK's reply nor the KILL QUERY gets
+// through. Acquire must still return, with ErrLeaseHeld and
+// context.Canceled (the test allows 2s, which only stops a hang: the
+// GET_LOCK's own deadline is 40s away). The abandoned wait is still
+// queued at the server, which grants it the lock when the holder
+// releases: that lock is nobody's lease, and Close must end the attempt
+// and close its connection, which frees it.
+func TestAcquireReturnsAtOnceWhenCtxEndsOnASilentLink(t *testing.T) {
+	ctx := context.Background()
+	name := testName(t)
+	holder := newTestLocker(t, nil)
+	held, err := holder.TryAcquire(ctx, name, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	cfg, proxy := viaProxy(t)
+	waiter := New(cfg, nil)
+	defer waiter.Close()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	got := make(chan error, 1)
+	go func() {
+		lease, err := waiter.Acquire(wctx, name, 30*time.Second)
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		got <- err
+	}()
+	db := testDB(t)
+	waitForWaiter(t, db, name)
+	proxy.SetBlackhole(true)
+	cancel()
+	start := time.Now()
+	timer := time.NewTimer(2 * time.Second)
+	defer timer.Stop()
+	select {
+	case err = <-got:
+		t.Logf("Acquire returned %v after its context was cancelled", time.Since(start).Round(time.Millisecond))
+	case <-timer.C:
+		hang := time.NewTimer(2 * time.Minute)
+		defer hang.Stop()
+		select {
+		case <-got:
+			t.Fatalf("Acquire returned %v after its context was cancelled on a silent link; want at once (< 2s)", time.Since(start).Round(100*time.Millisecond))
+		case <-hang.C:
+			t.Fatal("Acquire still waiting 2m after its context was cancelled on a silent link")
+		}
+	}
+	if !errors.Is(err, herd.ErrLeaseHeld) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled Acquire: %v, want ErrLeaseHeld and context.Canceled", err)
+	}
+
+	// The holder leaves: the server grants the lock to the abandoned wait.
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !eventually(5*time.Second, func() bool { return lockHolder(t, db, name).Valid }) {
+		t.Fatal("the abandoned wait was not granted the lock at the release")
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- waiter.Close() }()
+	timer.Reset(5 * time.Second)
+	select {
+	case <-closed:
+	case <-timer.C:
+		t.Fatal("Close still running 5s after it was called, with an abandoned wait on a silent link")
+	}
+	if !eventually(5*time.Second, func() bool { return !lockHolder(t, db, name).Valid }) {
+		t.Fatalf("the abandoned wait's session %d still holds the lock 5s after Close", lockHolder(t, db, name).Int64)
+	}
+	next, err := holder.TryAcquire(ctx, name, 30*time.Second)
+	if err != nil {
+		t.Fatalf("TryAcquire after Close freed the abandoned wait's lock: %v", err)
+	}
+	next.Release(ctx)
+}
+
+// lockHolder returns the session that holds key's lock at the server
+// (IS_USED_LOCK), not Valid when the lock is free.
+func lockHolder(t testing.TB, db *sql.DB, key string) sql.NullInt64 {
+	t.Helper()
+	var id sql.NullInt64
+	if err := db.QueryRow("SELECT IS_USED_LOCK('" + lockName(key) + "')").Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// eventually reports whether cond held within d, checking every 5ms.
+func eventually(d time.Duration, cond func() bool) bool {
+	for deadline := time.Now().Add(d); ; time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return true
+		}
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+}
+
 // TestWaitTimeout: Acquire gives up after MaxWait with ErrWaitTimeout and
 // ErrLeaseHeld, and its GET_LOCK waits no longer either.
 func TestWaitTimeout(t *testing.T) {
@@ -385,12 +506,13 @@ func TestWaitTimeout(t *testing.T) {
 	}
 }
 
-// TestAnyKey: keys of any length and any bytes map to lock names within
-// the servers' 64 characters, and distinct keys are distinct locks.
+// TestAnyKey: keys of any bytes, up to herd.MaxLockKeyBytes of them, map
+// to lock names within the servers' 64 characters, and distinct keys are
+// distinct locks.
 func TestAnyKey(t *testing.T) {
 	ctx := context.Background()
 	l := newTestLocker(t, nil)
-	long := strings.Repeat("k", 10000) + testName(t)
+	long := strings.Repeat("k", herd.MaxLockKeyBytes-1-len(testName(t))) + testName(t)
 	keys := []string{long, long + "\x00", "\x00\xff'`\"\\%_", "ключ " + testName(t), "Case" + testName(t), "case" + testName(t)[0:0] + testName(t)}
 	var leases []*Lease
 	defer func() {
@@ -492,5 +614,57 @@ func TestTTLRange(t *testing.T) {
 		return c.QueryRowContext(ctx, "SELECT @@SESSION.wait_timeout").Scan(&wt)
 	}); err != nil || wt != 3 {
 		t.Errorf("the lease's session wait_timeout: %d, %v; want 3", wt, err)
+	}
+}
+
+// TestAcquireMaxWaitBoundsTheWaitOnASilentLink: Options.MaxWait "bounds
+// how long Acquire waits for a held lock, on top of the caller's
+// context", and Acquire's doc says the wait is bounded by ctx and by
+// MaxWait. A waiter with MaxWait 2s reaches the server through a link
+// that goes silent while its GET_LOCK waits, and its ctx never ends: the
+// GET_LOCK's reply cannot arrive, and Acquire waits for it to its own
+// client deadline (the wait, 2s, and 30s), not for MaxWait. The fix for
+// a cancelled ctx (leave after 250ms, the wait left to a stray) is not
+// applied when MaxWait runs out.
+func TestAcquireMaxWaitBoundsTheWaitOnASilentLink(t *testing.T) {
+	ctx := context.Background()
+	name := testName(t)
+	holder := newTestLocker(t, nil)
+	held, err := holder.TryAcquire(ctx, name, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	cfg, proxy := viaProxy(t)
+	const maxWait = 2 * time.Second
+	waiter := New(cfg, &Options{MaxWait: maxWait})
+	defer waiter.Close()
+	got := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		lease, err := waiter.Acquire(ctx, name, time.Minute)
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		got <- err
+	}()
+	waitForWaiter(t, testDB(t), name)
+	proxy.SetBlackhole(true)
+	bound := time.NewTimer(maxWait + 2*time.Second)
+	defer bound.Stop()
+	select {
+	case err = <-got:
+	case <-bound.C:
+		hang := time.NewTimer(2 * time.Minute)
+		defer hang.Stop()
+		select {
+		case <-got:
+			t.Fatalf("Acquire with MaxWait %v returned after %v on a silent link; want within about MaxWait", maxWait, time.Since(start).Round(100*time.Millisecond))
+		case <-hang.C:
+			t.Fatalf("Acquire with MaxWait %v still waiting after %v on a silent link", maxWait, time.Since(start).Round(time.Second))
+		}
+	}
+	if !errors.Is(err, herd.ErrWaitTimeout) || !errors.Is(err, herd.ErrLeaseHeld) {
+		t.Errorf("Acquire after MaxWait on a silent link = %v, want ErrWaitTimeout and ErrLeaseHeld", err)
 	}
 }

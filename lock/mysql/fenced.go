@@ -21,31 +21,34 @@ type DB interface {
 }
 
 // FencedTable makes writes to a table whose rows carry a fence column
-// conditional on a fencing token: a write lands only when its token is
-// newer (strictly higher) than the last one accepted for that row, and
-// sets the row's fence to it. This is the downstream half of a lock used
+// conditional on a fencing token: a write lands only when its token is at
+// least the row's fence (the last token accepted for that row), and sets
+// the row's fence to it. A lower token is refused; an equal one is the
+// same holding writing again (tokens are unique per acquisition), and is
+// accepted, as [herd.FencedStore] accepts it: docs/locks.md ("Fencing
+// tokens") gives the rule and its reason. This is the downstream half of a lock used
 // for correctness: a holder that paused past its lease (a GC pause, a
 // stalled VM) and wakes up believing it still holds the lock has an older
 // token than the holder that took over, and its late write is refused,
 // whatever lock handed the tokens out ([Locker], or herd's other locks).
 //
 // The table is the caller's, with a unique key column and a BIGINT fence
-// column (NOT NULL DEFAULT 0 for rows written without a token). A write
-// is one statement:
+// column (NOT NULL DEFAULT 0 for rows written without a token), such as
+// the package doc's CREATE TABLE. A write is one statement:
 //
-//	UPDATE t SET col = ?, ..., fence = ? WHERE id = ? AND fence < ?
+//	UPDATE t SET col = ?, ..., fence = ? WHERE id = ? AND fence <= ?
 //
-// which either changes the whole row or nothing. Its affected-row count
-// is the same with and without the clientFoundRows DSN option (a row
-// that matches gets a new fence, so it changes), and it alone tells a
-// write from a refusal; a refusal is then told apart from a missing row
-// by a read of the row's fence. [FencedTable.Upsert] adds the insert
-// path as a plain INSERT when the UPDATE found nothing to write, so it
+// which either changes the whole row or nothing. When it reports no row
+// changed, a read of the row's fence tells the three cases apart: no
+// such row; a fence above the token (refused); the fence equal to the
+// token (the same holding wrote these very values before: MySQL counts
+// an unchanged row as not affected unless the DSN sets clientFoundRows,
+// and the write is done either way). [FencedTable.Upsert] adds the
+// insert path as a plain INSERT when the UPDATE found no row, so it
 // never depends on the counts of INSERT ... ON DUPLICATE KEY UPDATE,
-// which clientFoundRows changes. Because the token must be strictly
-// higher, each holding writes a row once: make the changes of one
-// holding to one row in one call (or inside one transaction of your own,
-// with a *sql.Tx as the DB).
+// which clientFoundRows changes. A holding may write a row as often as
+// it likes, and a retried write is idempotent; once a newer holding has
+// written the row, every later write of the older one is refused.
 //
 // A FencedTable is a value with no state; it is safe for concurrent use.
 type FencedTable struct {
@@ -114,7 +117,7 @@ func (f FencedTable) update(ctx context.Context, db DB, id any, token uint64, co
 	for _, c := range cols {
 		b.WriteString(ident(c) + " = ?, ")
 	}
-	b.WriteString(fenceCol + " = ? WHERE " + idCol + " = ? AND " + fenceCol + " < ?")
+	b.WriteString(fenceCol + " = ? WHERE " + idCol + " = ? AND " + fenceCol + " <= ?")
 	args := append(append(vals[:len(vals):len(vals)], int64(token)), id, int64(token))
 	res, err := db.ExecContext(ctx, b.String(), args...)
 	if err != nil {
@@ -125,10 +128,12 @@ func (f FencedTable) update(ctx context.Context, db DB, id any, token uint64, co
 }
 
 // Update sets the columns in set on the row whose key is id, and its fence
-// to token, only when the row's fence is below token. It returns nil when
-// the row was written; an error wrapping [herd.ErrFenced] when the row's
-// fence is at or above token (a newer holder has written it: nothing
-// changed); an error wrapping [herd.ErrNotFound] when there is no such
+// to token, only when the row's fence is at most token. It returns nil
+// when the row was written (or already held these values under this
+// token); an error wrapping [herd.ErrFenced] when the row's fence is
+// above token (a holder with a newer token has written it: nothing
+// changed), which gives the row's fence and the token; an error wrapping
+// [herd.ErrNotFound] when there is no such
 // row; a database error wrapped. An invalid call (an empty Table, no
 // column, the key or the fence among the columns, a token of 0 or above
 // 2^63−1) is an error, and nothing is sent. It runs one statement when
@@ -148,32 +153,49 @@ func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, se
 	if wrote {
 		return nil
 	}
-	// Nothing written: tell a fenced row from a missing one. The read is
-	// a locking one, so that inside a transaction it sees the row the
-	// UPDATE saw, not the transaction's snapshot.
-	table, idCol, fenceCol := f.names()
-	var top int64
-	err = db.QueryRowContext(ctx, "SELECT "+fenceCol+" FROM "+table+" WHERE "+idCol+" = ? LOCK IN SHARE MODE", id).Scan(&top)
+	// Nothing changed: tell a missing row from a fenced one, and both
+	// from the same holding's unchanged row.
+	top, err := f.fence(ctx, db, id)
 	switch {
 	case errors.Is(err, sql.ErrNoRows):
 		return fmt.Errorf("%w: %s %v", herd.ErrNotFound, f.Table, id)
 	case err != nil:
 		return fmt.Errorf("herd: fenced update of %s %v: nothing written; reading its fence: %w", f.Table, id, err)
+	case top == int64(token):
+		return nil
 	}
-	return fmt.Errorf("%w: %s %v: token %d is not above the row's fence %d", herd.ErrFenced, f.Table, id, token, top)
+	return fencedError(f.Table, id, token, top)
+}
+
+// fence reads the fence of the row id (sql.ErrNoRows: no such row). The
+// read is a locking one, so that inside a transaction it sees the row
+// the UPDATE saw, not the transaction's snapshot.
+func (f FencedTable) fence(ctx context.Context, db DB, id any) (int64, error) {
+	table, idCol, fenceCol := f.names()
+	var top int64
+	err := db.QueryRowContext(ctx, "SELECT "+fenceCol+" FROM "+table+" WHERE "+idCol+" = ? LOCK IN SHARE MODE", id).Scan(&top)
+	return top, err
+}
+
+// fencedError is the error of a write refused because the row's fence,
+// top, is above token.
+func fencedError(table string, id any, token uint64, top int64) error {
+	return fmt.Errorf("%w: %s %v: the row's fence is %d, above the write's token %d", herd.ErrFenced, table, id, top, token)
 }
 
 // Upsert is [FencedTable.Update] with an insert path: a missing row is
 // inserted with the columns in set and its fence at token; an existing one
-// is written only when its fence is below token. It returns nil when the
-// row was written and an error wrapping [herd.ErrFenced] when it was not
-// (the row exists with a fence at or above token). It needs a unique index
+// is written only when its fence is at most token. It returns nil when
+// the row was written (or already held these values under this token)
+// and an error wrapping [herd.ErrFenced] when it was not (the row exists
+// with a fence above token; the error gives both). It needs a unique index
 // or primary key on the key column; an insert refused by another unique
 // index is returned as the database's error, not ErrFenced. It runs one
 // statement when the row exists and is written, two when it is inserted,
-// and four when its INSERT finds the row there (it is fenced, or another writer inserted
-// it after the UPDATE: the UPDATE runs again then, so a row inserted by
-// an older token in between is still overwritten).
+// and four when its INSERT finds the row there (it is fenced, unchanged,
+// or another writer inserted it after the UPDATE: the UPDATE runs again
+// then, so a row inserted by an older token in between is still
+// overwritten).
 func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
 	if err := f.check(token, set); err != nil {
 		return fmt.Errorf("herd: fenced upsert: %w", err)
@@ -201,18 +223,19 @@ func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, se
 			return nil
 		}
 		if try > 0 {
-			// The INSERT found a duplicate: the row, with a fence at or
-			// above token, or, when there is no such row, another
-			// unique index of the table.
-			var top int64
-			err := db.QueryRowContext(ctx, "SELECT "+fenceCol+" FROM "+table+" WHERE "+idCol+" = ? LOCK IN SHARE MODE", id).Scan(&top)
+			// The INSERT found a duplicate: the row, with a fence above
+			// token or this token's unchanged values, or, when there is
+			// no such row, another unique index of the table.
+			top, err := f.fence(ctx, db, id)
 			switch {
 			case errors.Is(err, sql.ErrNoRows):
 				return fmt.Errorf("herd: fenced upsert of %s %v: %w", f.Table, id, dup)
 			case err != nil:
 				return fmt.Errorf("herd: fenced upsert of %s %v: nothing written; reading its fence: %w", f.Table, id, err)
+			case top == int64(token):
+				return nil
 			}
-			return fmt.Errorf("%w: %s %v: token %d is not above the row's fence %d", herd.ErrFenced, f.Table, id, token, top)
+			return fencedError(f.Table, id, token, top)
 		}
 		_, err = db.ExecContext(ctx, insert, append([]any{id, int64(token)}, vals...)...)
 		dup = err

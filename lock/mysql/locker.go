@@ -148,6 +148,15 @@ type Locker struct {
 	mu     sync.Mutex // guards closed against calls starting
 	closed bool
 	calls  sync.WaitGroup // running calls
+
+	// The goroutines of the waits: each waiting GET_LOCK runs in one, and
+	// each wait whose Acquire left before its GET_LOCK returned (a stray)
+	// has one more that KILLs it and closes its connection. Added to
+	// only inside a call, so that Close's Wait, after the calls', sees
+	// every one.
+	strays   sync.WaitGroup
+	cut      context.Context // cancelled by Close once the calls have ended: ends the GET_LOCK and KILL statements still running
+	cutStray context.CancelFunc
 }
 
 // New returns a Locker whose connections are opened with a copy of cfg
@@ -177,6 +186,7 @@ func New(cfg *mysql.Config, opt *Options) *Locker {
 	l := &Locker{db: sql.OpenDB(conn), cfg: c, tableMu: make(chan struct{}, 1)}
 	l.db.SetMaxIdleConns(c.idle)
 	l.root, l.cancel = context.WithCancel(context.Background())
+	l.cut, l.cutStray = context.WithCancel(context.Background())
 	return l
 }
 
@@ -196,11 +206,15 @@ func (l *Locker) leave() { l.calls.Done() }
 
 // Close stops the Locker: TryAcquire and Acquire called after it return
 // [herd.ErrClosed], an Acquire still waiting returns it at once (its
-// GET_LOCK is ended with KILL QUERY), and the idle connections are
-// closed. Leases already handed out are not released by Close: each keeps
-// its own connection, and its Extend, KeepAlive and Release keep working,
-// so a holder can finish its work and give the lock back. Close is
-// idempotent.
+// GET_LOCK is ended with KILL QUERY, as for a context's end), and the
+// idle connections are closed. The waits that cancelled Acquires left
+// behind (see [Locker.Acquire]) end too: their connections are closed
+// without waiting for the server, which frees whatever lock they were
+// granted when it sees the close. Close returns once every call and
+// every such wait has ended: within 250ms and a round trip or so. Leases
+// already handed out are not released by Close: each keeps its own
+// connection, and its Extend, KeepAlive and Release keep working, so a
+// holder can finish its work and give the lock back. Close is idempotent.
 func (l *Locker) Close() error {
 	l.mu.Lock()
 	if l.closed {
@@ -211,6 +225,8 @@ func (l *Locker) Close() error {
 	l.cancel()
 	l.mu.Unlock()
 	l.calls.Wait()
+	l.cutStray()
+	l.strays.Wait()
 	return l.db.Close()
 }
 
@@ -224,8 +240,8 @@ func lockName(key string) string {
 
 // prepare checks the arguments.
 func prepare(key string, ttl time.Duration) error {
-	if key == "" {
-		return fmt.Errorf("%w: empty lock name", herd.ErrInvalidKey)
+	if err := herd.CheckLockKey(key); err != nil {
+		return err
 	}
 	return checkTTL(ttl)
 }
@@ -243,8 +259,9 @@ func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc
 // and the token in one multi-statement) and one when the lock is held,
 // plus a connect when the Locker has no idle connection left (the winner
 // keeps its connection until Release); the Locker's first attempt also creates the
-// fence table if it is missing. Any string but the empty one is a valid
-// key ([herd.ErrInvalidKey]); ttl must be between 10ms and 365 days
+// fence table if it is missing. Any string of 1 to [herd.MaxLockKeyBytes]
+// bytes is a valid key ([herd.ErrInvalidKey] otherwise, before any
+// request); ttl must be between 10ms and 365 days
 // ([herd.ErrInvalidTTL]). A database error is returned wrapped, and after
 // [Locker.Close] it returns [herd.ErrClosed]. A context that ends during
 // the call closes the attempt's connection, which frees whatever the
@@ -283,12 +300,22 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 //
 // The wait is bounded by ctx and by [Options.MaxWait]: when ctx ends, the
 // Locker ends the GET_LOCK with KILL QUERY from another connection (one
-// round trip, plus a connect if no idle connection is left) and the error
-// joins [herd.ErrLeaseHeld] and ctx.Err(); when MaxWait runs out it wraps
-// [herd.ErrWaitTimeout] and ErrLeaseHeld. A database error ends the wait
-// at once and is returned wrapped. Key and ttl are checked as in
-// [Locker.TryAcquire]. After [Locker.Close], and when Close ends its
-// wait, it returns [herd.ErrClosed].
+// round trip, plus a connect if no idle connection is left), and Acquire
+// returns when the GET_LOCK has ended, or after 250ms if it has not (a
+// server or network that does not answer), with an error that joins
+// [herd.ErrLeaseHeld] and ctx.Err(). A GET_LOCK whose reply has not come
+// 250ms after its own timeout is left behind the same way: when that
+// ends MaxWait the error wraps [herd.ErrWaitTimeout], else it says the
+// server or the link does not answer. A wait that outlives its Acquire is
+// left behind, never to be handed to a caller: the KILL is sent again
+// until its GET_LOCK returns (at its own deadline, WaitChunk and 30s, at
+// the latest, or at [Locker.Close]), and its connection is then closed,
+// not reused, which frees a lock the server granted it meanwhile. When
+// MaxWait runs out the error wraps [herd.ErrWaitTimeout] and
+// ErrLeaseHeld. A database error ends the wait at once and is returned
+// wrapped. Key and ttl are checked as in [Locker.TryAcquire]. After
+// [Locker.Close], and when Close ends its wait, it returns
+// [herd.ErrClosed].
 func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
 	if err := l.enter(); err != nil {
 		return nil, err
@@ -322,6 +349,10 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 			return nil, fmt.Errorf("%w after %v: %w", herd.ErrWaitTimeout, maxWait, herd.ErrLeaseHeld)
 		}
 		lease, won, err := l.wait(bctx, a, key, ttl, min(left, l.cfg.chunk))
+		if errors.Is(err, errSilent) && !time.Now().Before(until) {
+			// MaxWait ran out while the server or the link was silent.
+			return nil, fmt.Errorf("%w after %v: %w (%w)", herd.ErrWaitTimeout, maxWait, herd.ErrLeaseHeld, err)
+		}
 		if err != nil {
 			return nil, l.acquireErr(ctx, key, err)
 		}
@@ -381,60 +412,121 @@ func (l *Locker) attempt(ctx context.Context, key string, ttl time.Duration) (*a
 	return a, err
 }
 
+// killWait is how long an Acquire whose context ended waits for the KILL
+// QUERY to end its GET_LOCK before it leaves the wait behind: many round
+// trips to a server that answers, short of a wait on one that does not.
+const killWait = 250 * time.Millisecond
+
+// errSilent is the cause of a wait whose GET_LOCK did not return killWait
+// after its own timeout: the server or the link does not answer.
+var errSilent = errors.New("herd: GET_LOCK did not return after its timeout: the server or the link does not answer")
+
+// killEvery is the interval at which the KILL QUERY of a wait is sent
+// again until its GET_LOCK has returned.
+const killEvery = 50 * time.Millisecond
+
 // wait waits up to d for the lock on a's connection. It returns the lease
 // when it won, won false when d ran out (a.conn is still the caller's),
-// or an error (a.conn is put back or closed).
+// or an error (a.conn is put back, closed, or left to a stray wait that
+// closes it).
 func (l *Locker) wait(ctx context.Context, a *attempt, key string, ttl, d time.Duration) (*Lease, bool, error) {
-	// The statement itself ignores ctx (the driver would close the
-	// connection, and the server would go on waiting for the lock);
-	// ctx's end kills it from another connection instead. Its own
-	// deadline only bounds a network that stopped answering.
-	// KILL QUERY does nothing to a session between statements, and the
-	// KILL may reach the server before the GET_LOCK does: it is sent
-	// again, every 50ms, until the GET_LOCK has returned.
-	killed := make(chan struct{})
-	returned := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		defer close(killed)
-		l.kill(a.id)
-		again := time.NewTicker(50 * time.Millisecond)
-		defer again.Stop()
-		for {
-			select {
-			case <-returned:
-				return
-			case <-again.C:
-				l.kill(a.id)
-			}
-		}
-	})
-	qctx, cancel := context.WithTimeout(context.Background(), d+30*time.Second)
-	defer cancel()
-	var won sql.NullInt64
-	err := a.conn.QueryRowContext(qctx, "SELECT GET_LOCK('"+a.lock+"', "+seconds(d, a.maria)+")").Scan(&won)
-	close(returned)
-	if !stop() {
-		<-killed // the KILL has landed: no later statement can be hit by it
+	// The statement runs in a goroutine of its own, so that the caller
+	// can leave when ctx ends (see stray). It ignores ctx (the driver
+	// would close the connection, and the server would go on waiting for
+	// the lock); ctx's end kills it from another connection instead. Its
+	// own deadline only bounds a network that stopped answering.
+	ended := make(chan waitResult, 1)
+	l.strays.Add(1)
+	go func() {
+		defer l.strays.Done()
+		qctx, cancel := context.WithTimeout(l.cut, d+30*time.Second)
+		defer cancel()
+		var r waitResult
+		r.err = a.conn.QueryRowContext(qctx, "SELECT GET_LOCK('"+a.lock+"', "+seconds(d, a.maria)+")").Scan(&r.won)
+		ended <- r
+	}()
+	// The server ends the GET_LOCK at its timeout (MySQL's in whole
+	// seconds); a reply that does not come killWait after it will not
+	// come soon: the wait is left behind as for a cancelled ctx, so that
+	// MaxWait bounds the Acquire on a silent link too.
+	serverWait := d
+	if !a.maria {
+		serverWait = time.Duration(waitTimeout(d)) * time.Second
+	}
+	late := time.NewTimer(serverWait + killWait)
+	defer late.Stop()
+	var r waitResult
+	select {
+	case r = <-ended:
+	case <-ctx.Done():
+		l.stray(a, ended)
+		return nil, false, ctx.Err()
+	case <-late.C:
+		l.stray(a, ended)
+		return nil, false, fmt.Errorf("acquire %q: %w", key, errSilent)
 	}
 	switch {
-	case err != nil:
+	case r.err != nil:
 		discard(a.conn)
-		return nil, false, l.callErr(ctx, key, err)
-	case won.Int64 == 1 && ctx.Err() != nil:
+		return nil, false, l.callErr(ctx, key, r.err)
+	case r.won.Int64 == 1 && ctx.Err() != nil:
 		// Granted just as the wait was cut short: give it back.
 		l.unlockAndPutBack(a)
 		return nil, false, ctx.Err()
-	case won.Int64 == 1:
+	case r.won.Int64 == 1:
 		lease, err := l.finish(ctx, a, key, ttl)
 		return lease, err == nil, err
-	case ctx.Err() != nil: // killed (GET_LOCK returns NULL)
-		l.putBack(a.conn)
-		return nil, false, ctx.Err()
-	case !won.Valid:
+	case !r.won.Valid:
 		discard(a.conn)
 		return nil, false, fmt.Errorf("herd: acquire %q: GET_LOCK returned NULL (the session was interrupted)", key)
+	case ctx.Err() != nil:
+		l.putBack(a.conn)
+		return nil, false, ctx.Err()
 	}
 	return nil, false, nil
+}
+
+// waitResult is what a waiting GET_LOCK returned: 1 granted, 0 timed
+// out, NULL killed.
+type waitResult struct {
+	won sql.NullInt64
+	err error
+}
+
+// stray ends the wait of a, whose caller's context ended while its
+// GET_LOCK was running (ended receives the statement's result): it sends
+// KILL QUERY, and again every killEvery until the GET_LOCK has returned
+// (a KILL that reaches the server before the GET_LOCK does does nothing
+// to a session between statements), then closes the connection. The
+// connection is not reused: a KILL still on its way could hit its next
+// statement, and a GET_LOCK granted meanwhile leaves a lock on it, which
+// the close frees. stray waits up to killWait for all that, so that on a
+// server that answers the caller leaves nothing behind; past it the wait
+// goes on in a goroutine of its own, which Close ends.
+func (l *Locker) stray(a *attempt, ended <-chan waitResult) {
+	over := make(chan struct{})
+	l.strays.Add(1)
+	go func() {
+		defer l.strays.Done()
+		defer close(over)
+		again := time.NewTicker(killEvery)
+		defer again.Stop()
+		for {
+			l.kill(a.id)
+			select {
+			case <-ended:
+				discard(a.conn)
+				return
+			case <-again.C:
+			}
+		}
+	}()
+	timer := time.NewTimer(killWait)
+	defer timer.Stop()
+	select {
+	case <-over:
+	case <-timer.C:
+	}
 }
 
 // seconds formats d as GET_LOCK's timeout: seconds with microseconds for
@@ -450,17 +542,19 @@ func seconds(d time.Duration, maria bool) string {
 
 // kill ends the statement running on the session id (KILL QUERY, from a
 // connection of the pool). An error is ignored: the statement may have
-// ended already, and its own deadline bounds it otherwise.
+// ended already, and its own deadline bounds it otherwise. Close ends a
+// KILL still running.
 func (l *Locker) kill(id int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(l.cut, 5*time.Second)
 	defer cancel()
 	_, _ = l.db.ExecContext(ctx, "KILL QUERY "+strconv.FormatInt(id, 10))
 }
 
 // unlockAndPutBack releases a lock a's connection holds and returns the
-// connection to the pool, or closes it when that fails.
+// connection to the pool, or closes it when that fails or takes longer
+// than killWait (a cancelled Acquire waits no longer).
 func (l *Locker) unlockAndPutBack(a *attempt) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), killWait)
 	defer cancel()
 	if _, err := a.conn.ExecContext(ctx, "DO RELEASE_LOCK('"+a.lock+"')"); err != nil {
 		discard(a.conn)

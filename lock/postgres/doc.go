@@ -72,11 +72,35 @@
 // writing. [FencedTable] makes the write conditional in the database that
 // owns the data:
 //
-//	UPDATE accounts SET balance = $3, fence = $2 WHERE id = $1 AND fence < $2
+//	UPDATE accounts SET balance = $3, fence = $2 WHERE id = $1 AND fence <= $2
 //
 // so the late write of an older token changes nothing, and is reported as
-// [herd.ErrFenced], distinct from [herd.ErrNotFound] for a missing row.
-// Use it with the token of any herd lock.
+// [herd.ErrFenced] (with the row's fence and the token), distinct from
+// [herd.ErrNotFound] for a missing row. The same holding's repeated
+// write, with the same token, is accepted, as [herd.FencedStore] accepts
+// it: docs/locks.md ("Fencing tokens") has the rule, its reason, and what
+// the tokens' values are. Use it with the token of any herd lock.
+//
+// The table is yours; it needs a unique key and a bigint fence column
+// that starts at 0. For example:
+//
+//	CREATE TABLE accounts (
+//	    id      bigint PRIMARY KEY,
+//	    balance bigint NOT NULL,
+//	    fence   bigint NOT NULL DEFAULT 0
+//	);
+//
+// An existing table gets the column with
+//
+//	ALTER TABLE accounts ADD COLUMN fence bigint NOT NULL DEFAULT 0;
+//
+// and then:
+//
+//	err := herdpg.FencedTable{Table: "accounts"}.Update(ctx, pool, id, lease.Token(),
+//		map[string]any{"balance": balance})
+//	if errors.Is(err, herd.ErrFenced) {
+//		return err // a newer holder has written this row: drop this result
+//	}
 //
 // # Limits
 //
@@ -85,6 +109,11 @@
 //     other code taking advisory locks in the database: names whose
 //     hashes collide exclude each other (never two holders; a false
 //     contention), with a chance of about n²/2⁶⁵ for n names in use.
+//   - A lock name is 1 to [herd.MaxLockKeyBytes] (8 KiB) bytes long, any
+//     bytes; an empty or a longer one is [herd.ErrInvalidKey] at once.
+//     PostgreSQL itself would take longer names (it gets only their
+//     hashes and, in the fence table, a name or its SHA-256): the bound
+//     is herd's, the same for every lock backend.
 //   - The lease length is at most 2^31−1 ms (about 24.8 days), the limit
 //     of idle_session_timeout.
 //   - A connection pooler in transaction mode (PgBouncer) cannot carry a

@@ -32,9 +32,10 @@ func fencedTable(t *testing.T) (FencedTable, func(id int) (string, int64, bool))
 	return FencedTable{Table: name}, row
 }
 
-// TestFencedTable: a write lands only with a token above the row's fence;
-// an equal or lower token is ErrFenced and changes nothing; a missing row
-// is ErrNotFound for Update and inserted by Upsert.
+// TestFencedTable: a write lands only with a token at least the row's
+// fence; a lower token is ErrFenced and changes nothing; an equal token
+// (the same holding writing again) lands; a missing row is ErrNotFound
+// for Update and inserted by Upsert.
 func TestFencedTable(t *testing.T) {
 	ctx := context.Background()
 	tbl, row := fencedTable(t)
@@ -55,10 +56,11 @@ func TestFencedTable(t *testing.T) {
 		fence int64
 	}{
 		{"Update, higher token", func() error { return tbl.Update(ctx, db, 1, 7, set("b")) }, nil, "b", 7},
-		{"Update, same token", func() error { return tbl.Update(ctx, db, 1, 7, set("c")) }, herd.ErrFenced, "b", 7},
-		{"Update, lower token", func() error { return tbl.Update(ctx, db, 1, 6, set("c")) }, herd.ErrFenced, "b", 7},
-		{"Upsert, lower token", func() error { return tbl.Upsert(ctx, db, 1, 3, set("c")) }, herd.ErrFenced, "b", 7},
-		{"Upsert, same token", func() error { return tbl.Upsert(ctx, db, 1, 7, set("c")) }, herd.ErrFenced, "b", 7},
+		{"Update, same token", func() error { return tbl.Update(ctx, db, 1, 7, set("c")) }, nil, "c", 7},
+		{"Update, same token, same value", func() error { return tbl.Update(ctx, db, 1, 7, set("c")) }, nil, "c", 7},
+		{"Update, lower token", func() error { return tbl.Update(ctx, db, 1, 6, set("x")) }, herd.ErrFenced, "c", 7},
+		{"Upsert, lower token", func() error { return tbl.Upsert(ctx, db, 1, 3, set("x")) }, herd.ErrFenced, "c", 7},
+		{"Upsert, same token", func() error { return tbl.Upsert(ctx, db, 1, 7, set("b")) }, nil, "b", 7},
 		{"Upsert, higher token", func() error { return tbl.Upsert(ctx, db, 1, 9, set("d")) }, nil, "d", 9},
 	}
 	for _, s := range steps {

@@ -282,8 +282,8 @@ func rowName(name string) []byte {
 
 // prepare checks the arguments.
 func prepare(name string, ttl time.Duration) error {
-	if name == "" {
-		return fmt.Errorf("%w: empty lock name", herd.ErrInvalidKey)
+	if err := herd.CheckLockKey(name); err != nil {
+		return err
 	}
 	return checkTTL(ttl)
 }
@@ -294,12 +294,12 @@ func prepare(name string, ttl time.Duration) error {
 // session's idle limit) and one when the lock is held, plus a connect
 // when the Locker has no idle connection left (the winner keeps its
 // connection); the Locker's first attempt also creates the fence table if
-// it is missing. Any string but the
-// empty one is a valid name ([herd.ErrInvalidKey]); ttl must be between
-// 10ms and 2^31−1 ms ([herd.ErrInvalidTTL]). A database error is returned
-// wrapped, and after [Locker.Close] it returns [herd.ErrClosed]. A
-// context that ends during the call ends the attempt's connection, which
-// frees whatever the attempt took.
+// it is missing. Any string of 1 to [herd.MaxLockKeyBytes] bytes is a
+// valid name ([herd.ErrInvalidKey] otherwise, before any request); ttl
+// must be between 10ms and 2^31−1 ms ([herd.ErrInvalidTTL]). A database
+// error is returned wrapped, and after [Locker.Close] it returns
+// [herd.ErrClosed]. A context that ends during the call ends the
+// attempt's connection, which frees whatever the attempt took.
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
 	if err := l.enter(); err != nil {
 		return nil, err

@@ -146,6 +146,12 @@
 //     timeout, so a lease of 300ms is lost whenever a ping's answer takes
 //     200ms (a loaded host, a GC pause, a slow fsync on the server).
 //     Prefer seconds.
+//   - A lock name is 1 to [herd.MaxLockKeyBytes] (8 KiB) bytes long, any
+//     bytes; an empty or a longer one is [herd.ErrInvalidKey] at once.
+//     Escaped, a name at the bound is a path of about 24 KiB at most:
+//     under the 128 KiB to which zk cuts the watches it sets again after
+//     a reconnect, and far below the server's jute.maxbuffer (1 MiB by
+//     default), above which the server drops the connection.
 //   - A connection loss loses every lease on it, even when ZooKeeper keeps
 //     the session: a ZooKeeper server's restart ends the leases of its
 //     clients.

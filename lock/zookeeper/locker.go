@@ -228,8 +228,8 @@ func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc
 // prepare checks the arguments, and the lease length against the server's
 // session timeouts as far as the Locker has learned them.
 func (l *Locker) prepare(name string, ttl time.Duration) error {
-	if name == "" {
-		return fmt.Errorf("%w: empty lock name", herd.ErrInvalidKey)
+	if err := herd.CheckLockKey(name); err != nil {
+		return err
 	}
 	if err := checkTTL(ttl); err != nil {
 		return err
@@ -356,8 +356,9 @@ func (l *Locker) parent(name string) string {
 // it again. A win takes four round trips on an idle session (create,
 // children, exists with a watch on its own node), plus the session's
 // connect when the Locker has no idle session with that timeout; the
-// first attempt also creates the parent nodes. Any string but the empty
-// one is a valid name ([herd.ErrInvalidKey]); ttl must be a whole number
+// first attempt also creates the parent nodes. Any string of 1 to
+// [herd.MaxLockKeyBytes] bytes is a valid name ([herd.ErrInvalidKey]
+// otherwise, before any request); ttl must be a whole number
 // of milliseconds within the server's session timeouts
 // ([herd.ErrInvalidTTL], which names the range; the Locker learns it from
 // the server's first answer). A server error is returned wrapped, and
