@@ -62,6 +62,22 @@ type acquired struct {
 	err   error
 }
 
+// awaitContended waits for the waiter's first attempt to find the lease
+// held (contended), and fails t if its Acquire returned instead or
+// neither came within a minute.
+func awaitContended(t *testing.T, contended <-chan struct{}, done <-chan acquired) {
+	t.Helper()
+	timer := time.NewTimer(time.Minute)
+	defer timer.Stop()
+	select {
+	case <-contended:
+	case got := <-done:
+		t.Fatalf("Acquire returned (%v, %v) before it found the lease held", got.lease, got.err)
+	case <-timer.C:
+		t.Fatal("the waiter's Acquire neither found the lease held nor returned within a minute")
+	}
+}
+
 // wokenWithin fails t unless done delivers a lease within bound.
 func wokenWithin(t *testing.T, done <-chan acquired, bound time.Duration) *RedlockLease {
 	t.Helper()
@@ -101,7 +117,7 @@ func TestRedlockAcquireWokenByRelease(t *testing.T) {
 			t.Fatal(err)
 		}
 		done := acquireAsync(waiter, key, time.Minute)
-		<-contended
+		awaitContended(t, contended, done)
 		if round > 0 {
 			g.awaitSubscribers(keys.channel, 0, 1, 2)
 		}
@@ -139,7 +155,7 @@ func TestRedlockAcquireWokenWithDeadMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 	done := acquireAsync(waiter, key, time.Minute)
-	<-contended
+	awaitContended(t, contended, done)
 	g.awaitSubscribers(keys.channel, 0, 1)
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -170,7 +186,7 @@ func TestRedlockCloseEndsWaitWithPausedMaster(t *testing.T) {
 	defer g.srvs[2].Resume(t)
 	waiter, contended := g.notifiedRedlock()
 	done := acquireAsync(waiter, key, time.Minute)
-	<-contended
+	awaitContended(t, contended, done)
 	g.awaitSubscribers(keys.channel, 0, 1)
 	closed := make(chan error, 1)
 	start := time.Now()
@@ -271,7 +287,7 @@ func TestRedlockSplitVoteResolves(t *testing.T) {
 			l, err := w.Acquire(context.Background(), key, time.Minute)
 			results <- acquired{l, err}
 		}()
-		<-contended
+		awaitContended(t, contended, nil) // its result comes on results
 	}
 	g.awaitSubscribers(keys.channel, 0, 1, 2)
 	if err := a.Release(ctx); err != nil {

@@ -178,11 +178,11 @@ func TestStallAndFailure(t *testing.T) {
 	if pr.Stall == nil || pr.Stall.StoppedMs < 2900 {
 		t.Fatalf("stall: %+v: the leader was not stopped for 3s", pr.Stall)
 	}
-	if pr.OriginCalls != 2 {
-		t.Errorf("stall/herd-notify: %d origin calls, want 2 (the stalled leader's and one takeover)", pr.OriginCalls)
-	}
-	if h := pr.Herd; h == nil || h.Takeovers != 1 || h.Fenced != 1 {
-		t.Errorf("stall/herd-notify: herd stats %+v, want 1 takeover and 1 fenced commit", pr.Herd)
+	// Every origin call but the stalled leader's is a takeover of an
+	// expired lease: one at least (the leader's), and more only if a
+	// busy machine paused a taker past its own lease too.
+	if h := pr.Herd; h == nil || h.Takeovers < 1 || h.Fenced < 1 || pr.OriginCalls != 1+int(h.Takeovers) {
+		t.Errorf("stall/herd-notify: %d origin calls, herd stats %+v: want the stalled leader's call, at least one takeover, one more call per takeover, and the leader's commit fenced", pr.OriginCalls, pr.Herd)
 	}
 	// The others waited about one lease, not the whole stop.
 	if pr.Latency.Max > 2500 || pr.Errors != 0 {

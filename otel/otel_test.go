@@ -110,6 +110,17 @@ func (r *rig) ended(name string) []sdktrace.ReadOnlySpan {
 	return out
 }
 
+// started counts the spans named name that have started.
+func (r *rig) started(name string) int {
+	n := 0
+	for _, s := range r.recorder.Started() {
+		if s.Name() == name {
+			n++
+		}
+	}
+	return n
+}
+
 func attr(s sdktrace.ReadOnlySpan, key attribute.Key) attribute.Value {
 	for _, kv := range s.Attributes() {
 		if kv.Key == key {
@@ -190,6 +201,15 @@ func TestColdWave(t *testing.T) {
 	}
 	for range cs[1:] {
 		<-waiting // every other Cache waits for the leader
+	}
+	// and has started its herd.wait span, which links to the load only
+	// while the load runs.
+	deadline := time.Now().Add(10 * time.Second)
+	for r.started("herd.wait") < len(cs)-1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d herd.wait spans started, want %d", r.started("herd.wait"), len(cs)-1)
+		}
+		time.Sleep(time.Millisecond)
 	}
 	close(gate)
 	for range cs {
