@@ -59,8 +59,16 @@ func measure(ctx context.Context, name string, dep *deployment, cfg config) (res
 	ttl := cfg.ttl
 
 	// Warm-up, not counted: connections, scripts loaded, a waiter's
-	// listening connection opened.
-	if err := uncontended(ctx, a, base+":warm", ttl, nil, nil); err != nil {
+	// listening connection opened. Its first acquire dials every server;
+	// on a busy machine a Redlock round that dials five masters can take
+	// longer than its node timeout (a tenth of the lease), so the warm-up
+	// tries again, up to five times, while no quorum answered.
+	for range 5 {
+		if err = uncontended(ctx, a, base+":warm", ttl, nil, nil); !errors.Is(err, herd.ErrNoQuorum) {
+			break
+		}
+	}
+	if err != nil {
 		res.err = fmt.Errorf("warm-up: %w", err)
 		return res
 	}
