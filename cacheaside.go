@@ -41,11 +41,15 @@ type Cache struct {
 	locker *Locker
 	notify *notifier
 	calib  *calibrator
-	group  flightGroup   // the local tier: one call per key in this process
-	local  chan struct{} // semaphore of MaxLocalLoads
-	brk    breaker
-	stats  counters
-	sig    *signals // observer, classes and rate-limited logging, shared with locker
+	group  flightGroup // the local tier: one call per key in this process
+	reads  readGroup   // hits' GETs shared per key in this process (sharedread.go)
+	// readJobs hands a read to an idle reader goroutine (sharedread.go).
+	readJobs  chan *readCall
+	readStall time.Duration // readStall; tests lengthen it
+	local     chan struct{} // semaphore of MaxLocalLoads
+	brk       breaker
+	stats     counters
+	sig       *signals // observer, classes and rate-limited logging, shared with locker
 
 	masterReads bool // rdb may route GET to a replica: read values with getScript
 
@@ -137,6 +141,8 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		oneMaster:  isOneMaster(rdb),
 		now:        time.Now,
 		rand:       rand.Float64,
+		readJobs:   make(chan *readCall),
+		readStall:  readStall,
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if cfg.near.on {

@@ -26,12 +26,15 @@
 //		return db.LoadUser(ctx, 42)
 //	})
 //
-// [Cache.Get] reads the key with one GET, sent from the caller's
-// goroutine: a fresh value is the answer, with no hand-off to another
-// goroutine. Each caller sends its own GET (a reply another caller asked
-// for earlier could predate a write: see read-your-writes below), so
-// hits cost what plain GETs cost; the callers of a key in a process share
-// one flight from the miss on. On a miss it takes the key's
+// [Cache.Get] reads the key with one GET: a fresh value is the answer.
+// Concurrent callers of a key in one process share their GETs: a caller
+// joins a read that has not been sent yet, never one already on the wire
+// (its reply could predate a write that returned before the caller
+// started: see read-your-writes below), so a hot key costs each process
+// about one GET per round trip, whatever its callers; they then share one
+// flight from the miss on. A lone caller whose ctx cannot end sends the
+// GET from its own goroutine; otherwise a reader goroutine kept for the
+// purpose sends it and the caller leaves as soon as its ctx ends. On a miss it takes the key's
 // lease (one script); the winner, the leader, runs the loader and then one
 // script writes the value if the leader's fence is still current,
 // publishes the wake-up (carrying the value when it is small) and releases

@@ -79,9 +79,12 @@ var errYielded = errors.New("herd: the fill was given up")
 //     [ErrWaitTimeout], [ErrUnavailable], ctx.Err(), or the
 //     argument errors of Get.
 //
-// Callers in one process that arrive while a Fill of theirs is running
-// wait for it rather than for Redis. Unlike Get, each call's Redis work is
-// its own: the local tier is the Fill registry, not a single-flight.
+// A fresh value in Redis is found as Get finds it: through the shared
+// read of the key (one GET for the concurrent callers of this process),
+// in the caller's goroutine. Callers in one process that arrive while a
+// Fill of theirs is running wait for it rather than for Redis. Unlike
+// Get, each call's rebuild work is its own: the local tier is the Fill
+// registry, not a single-flight.
 //
 // With the near cache on ([Options.Near]), Begin answers from process
 // memory as Get does: a fresh copy is a *Hit (or ErrNotFound) with no
@@ -103,18 +106,35 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 	if err != nil {
 		return nil, nil, err
 	}
-	c.mu.RLock()
-	if c.closed {
-		c.mu.RUnlock()
+	if c.closing.Load() {
 		return nil, nil, ErrClosed
 	}
-	c.wg.Add(1)
-	c.mu.RUnlock()
-
-	// The lookup runs in its own goroutine so that this caller leaves as
-	// soon as ctx ends, however slow Redis is. A Fill it wins after the
-	// caller left is given up at once (its lease goes to another caller).
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
 	joined, writes := time.Now(), c.writesOf(key)
+	var pre *preRead
+	if c.near == nil {
+		// The hit path, as Get's: a fresh value in Redis answers in this
+		// goroutine, through the shared read (which leaves when ctx ends).
+		var env envelope
+		var done bool
+		if env, done, pre, err = c.hitEnv(ctx, key, keys.value); done {
+			if err != nil {
+				return nil, nil, err
+			}
+			return &Hit{Value: env.payload, Outcome: OutcomeHit, WrittenAt: env.writtenAt, Expires: env.softExp}, nil, nil
+		}
+	}
+	done, ok := c.track()
+	if !ok {
+		return nil, nil, ErrClosed
+	}
+
+	// The rest of the lookup runs in its own goroutine so that this
+	// caller leaves as soon as ctx ends, however slow Redis is. A Fill it
+	// wins after the caller left is given up at once (its lease goes to
+	// another caller).
 	type answer struct {
 		hit  *Hit
 		fill *Fill
@@ -138,8 +158,8 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 		}
 	}
 	go func() {
-		defer c.wg.Done()
-		hit, fl, err := c.begin(ctx, key, keys, ttl, prepare, joined, writes)
+		defer done()
+		hit, fl, err := c.begin(ctx, key, keys, ttl, prepare, joined, writes, pre)
 		mu.Lock()
 		defer mu.Unlock()
 		if gone {
@@ -173,11 +193,11 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 	return nil, nil, ctx.Err()
 }
 
-// begin is Begin's lookup. joined is when the caller arrived and writes
-// the key's local write count then: a local Fill whose value may predate a
-// write the caller saw is not its answer.
-func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.Duration, refresh func() LoadFunc, joined time.Time, writes uint64) (*Hit, *Fill, error) {
-	var pre *preRead
+// begin is Begin's lookup after the hit path. joined is when the caller
+// arrived and writes the key's local write count then: a local Fill whose
+// value may predate a write the caller saw is not its answer. pre is the
+// hit path's read, for the flight.
+func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.Duration, refresh func() LoadFunc, joined time.Time, writes uint64, pre *preRead) (*Hit, *Fill, error) {
 	if c.near != nil {
 		e, done, p, err := c.nearLook(ctx, key, keys.value)
 		switch {

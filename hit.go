@@ -7,22 +7,15 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 )
 
-// The hit path. A Get reads the key's value in its caller's goroutine,
-// before any flight: a fresh value (or a fresh negative entry) is the
-// answer, with no goroutine hand-off and no shared state but a few
-// atomic counters. Everything else (a miss, a stale value, an early
-// refresh, a pass mark, unreadable bytes, an unreachable Redis) goes to
-// the key's flight, which takes the read's result instead of reading
-// again when this caller starts it.
-//
-// Each caller sends its own GET, as a plain go-redis GET would: a reply
-// that another caller asked for before this one started could predate a
-// write that returned in between (read-your-writes, see currency), so
-// hits are not shared. Coalescing starts at the miss.
+// The hit path. A Get reads the key's value before any flight, through
+// the shared read (sharedread.go): a fresh value (or a fresh negative
+// entry) is the answer, with no flight. Everything else (a miss, a stale
+// value, an early refresh, a pass mark, unreadable bytes, an unreachable
+// Redis) goes to the key's flight, which takes the read's result instead
+// of reading again when this caller starts it.
 
 // preRead is the result of a Get's own read, handed to the flight it
 // starts.
@@ -38,39 +31,46 @@ type preRead struct {
 // that val, err are the caller's answer; otherwise pre is the read for
 // the flight (nil: the flight reads itself).
 func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
+	env, done, pre, err := c.hitEnv(ctx, key, vkey)
+	if !done || err != nil {
+		return nil, done, pre, err
+	}
+	return env.payload, true, nil, nil
+}
+
+// hitEnv is hit with the envelope of the value: on a fresh hit, env is
+// it, its payload the caller's own.
+func (c *Cache) hitEnv(ctx context.Context, key, vkey string) (env envelope, done bool, pre *preRead, err error) {
 	if c.brk.troubled.Load() {
 		// The breaker decides who probes a troubled Redis: the flight asks.
-		return nil, false, nil, nil
+		return env, false, nil, nil
 	}
 	sent := time.Now()
-	b, err := c.readHit(ctx, vkey) // the breaker has the GET's result
-	switch {
+	r := c.sharedRead(ctx, key, vkey) // the breaker has the GET's result
+	switch err := r.err; {
 	case err == nil:
 	case ctx.Err() != nil:
 		// The caller's own deadline or cancellation, not Redis.
-		return nil, true, nil, ctx.Err()
+		return env, true, nil, ctx.Err()
 	case errors.Is(err, ErrClosed) || c.ctx.Err() != nil:
-		return nil, true, nil, ErrClosed
+		return env, true, nil, ErrClosed
 	case isInfraError(err):
-		return nil, false, &preRead{sent: sent, err: err}, nil
+		return env, false, &preRead{sent: sent, err: err}, nil
 	}
-	if err != nil {
-		return nil, false, &preRead{sent: sent}, nil // redis.Nil or a wrong-type reply: a miss
+	if !r.ok {
+		// redis.Nil, a wrong-type reply or bytes that are not an envelope
+		// (counted by the read): a miss.
+		return env, false, &preRead{sent: sent}, nil
 	}
-	env, ok := decodeEnvelope(b)
-	if !ok {
-		c.countCorrupt(key, len(b))
-		return nil, false, &preRead{sent: sent}, nil
-	}
-	o, fresh, due := c.freshHit(key, vkey, env)
+	o, fresh, due := c.freshHit(key, vkey, r.env)
 	if !fresh {
-		return nil, false, &preRead{sent: sent, env: env, ok: true, due: due}, nil
+		return env, false, &preRead{sent: sent, env: r.env, ok: true, due: due}, nil
 	}
 	recordOutcome(ctx, o)
 	if o == OutcomeNegative {
-		return nil, true, nil, ErrNotFound
+		return env, true, nil, ErrNotFound
 	}
-	return env.payload, true, nil, nil
+	return r.env, true, nil, nil
 }
 
 // freshHit reports whether env, read at vkey for key, answers the read as
@@ -94,72 +94,6 @@ func (c *Cache) freshHit(key, vkey string, env envelope) (o Outcome, fresh, due 
 	c.stats.hits.Add(1)
 	c.reportLookup(key, OutcomeHit)
 	return OutcomeHit, true, false
-}
-
-// hitReply is a GET's reply, from the goroutine that sent it.
-type hitReply struct {
-	b   []byte
-	err error
-}
-
-// readHit GETs vkey for a hit and records the result with the breaker.
-// With a ctx that cannot end (Background, WithoutCancel) it sends the GET
-// itself. Otherwise the GET runs in a goroutine of its own and the caller
-// leaves as soon as ctx ends or Close begins (go-redis cannot give up a
-// command it has sent, and its client timeouts may be long); Close waits
-// for that GET. The hand-off costs a goroutine and two allocations, less
-// than the round trip but two goroutine wake-ups. With
-// [Options.InlineHits] the caller sends the GET itself, detached from
-// ctx's end (its values kept): it then leaves at the client's timeouts.
-func (c *Cache) readHit(ctx context.Context, vkey string) ([]byte, error) {
-	if ctx.Done() == nil || c.cfg.InlineHits {
-		if ctx.Done() != nil {
-			ctx = context.WithoutCancel(ctx)
-		}
-		b, err := c.readValue(ctx, vkey)
-		c.account(err)
-		return b, err
-	}
-	h := hitCalls.Get().(*hitCall)
-	h.c, h.vkey = c, vkey
-	c.mu.RLock()
-	if c.closed {
-		c.mu.RUnlock()
-		return nil, ErrClosed
-	}
-	c.wg.Add(1)
-	c.mu.RUnlock()
-	go h.run()
-	select {
-	case r := <-h.reply:
-		h.c, h.vkey = nil, ""
-		hitCalls.Put(h)
-		return r.b, r.err
-	case <-ctx.Done():
-		return nil, ctx.Err() // h is left to the GC: its reply comes later
-	case <-c.ctx.Done():
-		return nil, ErrClosed // Close: likewise
-	}
-}
-
-// hitCall is a GET handed to a goroutine of its own, pooled with its reply
-// channel.
-type hitCall struct {
-	c     *Cache
-	vkey  string
-	reply chan hitReply
-}
-
-var hitCalls = sync.Pool{New: func() any { return &hitCall{reply: make(chan hitReply, 1)} }}
-
-func (h *hitCall) run() {
-	c := h.c
-	defer c.wg.Done()
-	b, err := c.readValue(c.ctx, h.vkey)
-	// Here, not in the caller: a caller that left on its ctx would drop
-	// the result, and a stalled Redis would never open the breaker.
-	c.account(err)
-	h.reply <- hitReply{b, err}
 }
 
 // account records the result of a hit's GET with the breaker. The GET ran

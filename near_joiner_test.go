@@ -299,8 +299,8 @@ func TestInlineHitsDeadlineIsNoRedisFailure(t *testing.T) {
 			errs <- err
 		}()
 	}
-	for range callers {
-		<-sent // every GET is on its way to the stopped server
+	for range 2 {
+		<-sent // the GETs are on their way to the stopped server: the first caller's, and the one the others share
 	}
 	time.Sleep(50 * time.Millisecond) // every caller's deadline has passed
 	srv.Resume(t)
@@ -337,7 +337,7 @@ func (h getSignal) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 
 // Peek's doc: "ctx.Err() as soon as ctx ends". Peek reads through the hit
-// path's readHit, so with Options.InlineHits a Peek whose ctx ends while
+// path's shared read, so with Options.InlineHits a lone Peek whose ctx ends while
 // Redis is stalled returns only when its GET gives up (ReadTimeout), as a
 // Get does: the documented price of InlineHits reaches Peek too. This
 // test pins the behaviour the docs must describe.

@@ -427,17 +427,18 @@ type Options struct {
 	// Default: 100,000.
 	MaxTagEntries int
 
-	// InlineHits sends a hit's GET from the caller's goroutine even when
-	// the caller's ctx can end. A hit then costs what a plain go-redis GET
-	// costs, and go-redis hooks see the caller's ctx (tracing); without
-	// it, a Get whose ctx can end hands its GET to a goroutine of its own
-	// so that it can leave at once, which costs two goroutine wake-ups
-	// per hit (docs/cache-aside.md, "What a hit costs"). The price: a caller whose ctx
-	// ends while its hit's GET waits on a stalled Redis returns only when
-	// that GET does, after at most the client's WriteTimeout and
-	// ReadTimeout (times its retries). [Cache.Peek]'s GET is sent the
-	// same way. Misses, waits for a rebuild and writes still honour ctx
-	// at once. Default: false.
+	// InlineHits sends a lone hit's GET (no other caller of the key is
+	// reading it in this process) from the caller's goroutine even when
+	// the caller's ctx can end. go-redis hooks then see the caller's ctx
+	// (tracing); without it, a Get whose ctx can end hands its GET to a
+	// reader goroutine (kept between reads) so that it can leave at once,
+	// which costs two goroutine wake-ups per hit (docs/cache-aside.md,
+	// "What a hit costs"). The price: a caller whose ctx ends while its
+	// own GET waits on a stalled Redis returns only when that GET does,
+	// after at most the client's WriteTimeout and ReadTimeout (times its
+	// retries). A caller that shares another caller's read still leaves at
+	// once. [Cache.Peek]'s GET is sent the same way. Misses, waits for a
+	// rebuild and writes still honour ctx at once. Default: false.
 	InlineHits bool
 
 	// Near turns on the near cache: a copy of fresh values in process

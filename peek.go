@@ -53,21 +53,17 @@ func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, e
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
 	}
-	b, there, err := c.peekRead(ctx, name)
+	r, err := c.peekRead(ctx, key, name)
 	if err != nil {
 		if errors.Is(err, ErrClosed) || ctx.Err() != nil && errors.Is(err, ctx.Err()) {
 			return nil, false, err
 		}
 		return nil, false, fmt.Errorf("%w: peek %q: %w", ErrUnavailable, key, err)
 	}
-	if !there {
-		return nil, false, nil
+	if !r.ok {
+		return nil, false, nil // nothing, a foreign value, or unreadable bytes (counted)
 	}
-	env, ok := decodeEnvelope(b)
-	if !ok {
-		c.countCorrupt(key, len(b))
-		return nil, false, nil
-	}
+	env := r.env
 	now := c.now()
 	outcome := OutcomeHit
 	switch {
@@ -92,25 +88,25 @@ func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, e
 	return env.payload, true, nil
 }
 
-// peekRead GETs a value key for Peek, as a hit does (readHit), with the
-// breaker's say: an open breaker skips Redis, and the GET's verdict
-// reaches it. there is false when there is no value (none, or one of a
-// foreign type); err is an infrastructure error, ErrClosed or ctx's
-// error.
-func (c *Cache) peekRead(ctx context.Context, name string) (b []byte, there bool, err error) {
+// peekRead GETs key's value at name for Peek through the shared read, as
+// a hit does, with the breaker's say: an open breaker skips Redis, and the
+// GET's verdict reaches it. err is an infrastructure error, ErrClosed or
+// ctx's error; a reply of no value, or of a value of another type, is r
+// with r.ok false.
+func (c *Cache) peekRead(ctx context.Context, key, name string) (r readResult, err error) {
 	if !c.brk.allow() {
-		return nil, false, errBreakerOpen
+		return readResult{}, errBreakerOpen
 	}
-	b, err = c.readHit(ctx, name) // which gives the breaker the GET's verdict
+	r = c.sharedRead(ctx, key, name) // which gives the breaker the GET's verdict
 	switch {
-	case err == nil:
-		return b, true, nil
+	case r.err == nil:
+		return r, nil
 	case ctx.Err() != nil:
-		return nil, false, ctx.Err() // the caller's, not Redis's
-	case errors.Is(err, ErrClosed) || c.ctx.Err() != nil:
-		return nil, false, ErrClosed
-	case isInfraError(err):
-		return nil, false, err
+		return readResult{}, ctx.Err() // the caller's, not Redis's
+	case errors.Is(r.err, ErrClosed) || c.ctx.Err() != nil:
+		return readResult{}, ErrClosed
+	case isInfraError(r.err):
+		return readResult{}, r.err
 	}
-	return nil, false, nil // redis.Nil, or a value of another type: no value
+	return readResult{}, nil // redis.Nil, or a value of another type: no value
 }

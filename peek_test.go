@@ -338,8 +338,13 @@ func (h getHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 			return next(ctx, cmd)
 		}
 		h.sent <- struct{}{}
-		defer h.replies.Add(1)
-		return next(ctx, cmd)
+		err := next(ctx, cmd)
+		// A GET that Close's cancellation ended (in the pool's wait or a
+		// dial) is not a reply of Redis.
+		if !errors.Is(err, context.Canceled) {
+			h.replies.Add(1)
+		}
+		return err
 	}
 }
 func (h getHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {

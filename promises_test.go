@@ -9,6 +9,7 @@ import (
 
 	"github.com/herdkit/herd/internal/faultproxy"
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // Regression tests for the promises of issue 12 ("Every promise true")
@@ -222,27 +223,42 @@ func TestDefaultsWaitForSlowRebuild(t *testing.T) {
 
 // TestBeginHonoursCallerDeadline: with every Redis reply 600 ms late, a
 // Begin with a 50 ms deadline returns its context's error long before a
-// reply could come, and the Fill its lookup wins afterwards is given up
-// (the lease is released without counting a failure).
+// reply could come. It leaves during its hit path's read, so it takes no
+// lease at all; and when the read is fast and the acquire is what is
+// late, the Fill its lookup wins after the caller left is given up (the
+// lease is released without counting a failure).
 func TestBeginHonoursCallerDeadline(t *testing.T) {
 	r := newFaultRig(t)
-	c := r.cache(r.client(timeouts{read: 10 * time.Second}), nil)
-	key := "begin-deadline"
-	keys := mustKeys(t, key)
+	rdb := r.client(timeouts{read: 10 * time.Second})
+	slowScripts := &scriptDelay{}
+	rdb.AddHook(slowScripts)
+	c := r.cache(rdb, nil)
 	const late = 600 * time.Millisecond
+	begin := func(key string) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		hit, fill, err := c.Begin(ctx, key, time.Minute, nil)
+		took := time.Since(start)
+		if !errors.Is(err, context.DeadlineExceeded) || hit != nil || fill != nil {
+			t.Fatalf("Begin = (%v, %v, %v), want context.DeadlineExceeded", hit, fill, err)
+		}
+		if took >= late {
+			t.Errorf("Begin returned after %v, at or past the %v a Redis reply takes: it waited for Redis", took, late)
+		}
+	}
+
+	// Every reply late: the caller leaves in the hit path's read.
 	r.proxy.SetLatency(faultproxy.Downstream, late)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	hit, fill, err := c.Begin(ctx, key, time.Minute, nil)
-	took := time.Since(start)
-	if !errors.Is(err, context.DeadlineExceeded) || hit != nil || fill != nil {
-		t.Fatalf("Begin = (%v, %v, %v), want context.DeadlineExceeded", hit, fill, err)
-	}
-	if took >= late {
-		t.Errorf("Begin returned after %v, at or past the %v a Redis reply takes: it waited for Redis", took, late)
-	}
-	// The abandoned lookup wins the lease on the slow link and gives it up.
+	begin("begin-deadline-read")
+	r.proxy.SetLatency(faultproxy.Downstream, 0)
+
+	// Only the scripts late: the caller leaves while its lookup acquires.
+	key := "begin-deadline-acquire"
+	keys := mustKeys(t, key)
+	slowScripts.d.Store(int64(late))
+	begin(key)
 	if !until(10*time.Second, func() bool {
 		return c.Stats().Leads == 1 && r.direct.Exists(context.Background(), keys.lease).Val() == 0
 	}) {
@@ -251,6 +267,22 @@ func TestBeginHonoursCallerDeadline(t *testing.T) {
 	}
 	if s := c.Stats(); s.LoadErrors != 0 {
 		t.Errorf("LoadErrors = %d, want 0: a caller leaving is not a failed rebuild", s.LoadErrors)
+	}
+}
+
+// scriptDelay holds each script (EVALSHA, EVAL) for d before sending it.
+type scriptDelay struct{ d atomic.Int64 }
+
+func (h *scriptDelay) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *scriptDelay) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *scriptDelay) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if n := cmd.Name(); n == "evalsha" || n == "eval" {
+			time.Sleep(time.Duration(h.d.Load()))
+		}
+		return next(ctx, cmd)
 	}
 }
 

@@ -91,7 +91,8 @@ type phaseResult struct {
 	RedisCanceled int64            `json:"redis_canceled"` // commands the process itself cancelled
 	RedisErrorMsg map[string]int64 `json:"redis_error_kinds,omitempty"`
 	CmdsPerReq    float64          `json:"redis_cmds_per_request"`
-	ServerCmds    int64            `json:"server_cmds"` // -1: unknown
+	ServerCmds    int64            `json:"server_cmds"`  // -1: unknown
+	ServerConns   int64            `json:"server_conns"` // connections the server accepted in the phase; -1: unknown
 	SrvCmdsPerReq float64          `json:"server_cmds_per_request"`
 	Herd          *herd.Stats      `json:"herd_stats,omitempty"`
 
@@ -282,7 +283,7 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 	if _, err := b.fleet.await(ctx, 30*time.Second, nil); err != nil {
 		return nil, err
 	}
-	srv0 := b.redis.serverCommands(ctx)
+	srv0, conn0 := b.redis.serverCommands(ctx), b.redis.serverConnections(ctx)
 	b.hic.take()
 
 	pr := &phaseResult{Scenario: sc, Strategy: st}
@@ -309,7 +310,7 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 		return nil, err
 	}
 	parentHiccup := b.hic.take()
-	srv1 := b.redis.serverCommands(ctx)
+	srv1, conn1 := b.redis.serverCommands(ctx), b.redis.serverConnections(ctx)
 
 	if err := b.fleet.broadcast(command{Op: "teardown"}); err != nil {
 		return nil, err
@@ -379,6 +380,10 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 		pr.CmdsPerReq = float64(pr.RedisCmds) / float64(calls)
 	}
 	pr.ServerCmds, pr.SrvCmdsPerReq = -1, -1
+	pr.ServerConns = -1
+	if conn0 >= 0 && conn1 >= conn0 {
+		pr.ServerConns = conn1 - conn0
+	}
 	if srv0 >= 0 && srv1 >= srv0 {
 		pr.ServerCmds = srv1 - srv0
 		if calls > 0 {

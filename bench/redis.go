@@ -290,12 +290,27 @@ func (e *redisEnv) serverCommands(ctx context.Context) int64 {
 	if e.mini != nil {
 		return int64(e.mini.CommandCount())
 	}
+	return e.serverStat(ctx, "total_commands_processed")
+}
+
+// serverConnections returns the number of connections the server (every
+// master of a cluster) has accepted so far, or -1 when unknown.
+func (e *redisEnv) serverConnections(ctx context.Context) int64 {
+	if e.mini != nil {
+		return -1
+	}
+	return e.serverStat(ctx, "total_connections_received")
+}
+
+// serverStat sums the INFO stats field name over the server, or every
+// master of a cluster; -1 when unknown.
+func (e *redisEnv) serverStat(ctx context.Context, name string) int64 {
 	read := func(c *redis.Client) (int64, error) {
 		info, err := c.Info(ctx, "stats").Result()
 		if err != nil {
 			return 0, err
 		}
-		return strconv.ParseInt(infoField(info, "total_commands_processed"), 10, 64)
+		return strconv.ParseInt(infoField(info, name), 10, 64)
 	}
 	switch c := e.admin.(type) {
 	case *redis.Client:

@@ -66,7 +66,7 @@ func (p *progress) done() {
 var tableHeader = []string{
 	"scenario", "strategy", "requests", "origin calls", "calls/rebuild", "max/rebuild", "peak origin conc",
 	"p50 ms", "p99 ms", "p99.9 ms", "max ms", "follower +p50 ms", "follower +p99 ms",
-	"redis cmd/req", "server cmd/req", "errors", "notes",
+	"redis cmd/req", "server cmd/req", "server cmd/wave", "new conn/wave", "errors", "notes",
 }
 
 func tableRow(pr *phaseResult) []string {
@@ -91,12 +91,19 @@ func tableRow(pr *phaseResult) []string {
 	if pr.SrvCmdsPerReq >= 0 {
 		srv = f(pr.SrvCmdsPerReq)
 	}
+	// Per wave: the cold and stall scenarios' unit of work.
+	perWave := func(n int64) string {
+		if n < 0 || len(pr.PerWave) == 0 || (pr.Scenario != scCold && pr.Scenario != scStall) {
+			return "-"
+		}
+		return f(float64(n) / float64(len(pr.PerWave)))
+	}
 	return []string{
 		pr.Scenario, pr.Strategy, fmt.Sprint(pr.Requests), fmt.Sprint(pr.OriginCalls),
 		f(pr.CallsPerRebuild), fmt.Sprint(pr.MaxPerRebuild), fmt.Sprint(pr.PeakConcurrency),
 		f(pr.Latency.P50), f(pr.Latency.P99), f(pr.Latency.P999), f(pr.Latency.Max),
 		added(pr.Added.P50), added(pr.Added.P99),
-		f(pr.CmdsPerReq), srv, fmt.Sprint(pr.Errors), pr.Notes,
+		f(pr.CmdsPerReq), srv, perWave(pr.ServerCmds), perWave(pr.ServerConns), fmt.Sprint(pr.Errors), pr.Notes,
 	}
 }
 
@@ -177,7 +184,7 @@ type columnGroup struct {
 var tableGroups = []columnGroup{
 	{"origin calls", []int{2, 3, 4, 5, 6}},
 	{"latency", []int{7, 8, 9, 10, 11, 12}},
-	{"Redis commands and errors", []int{13, 14, 15}},
+	{"Redis commands and errors", []int{13, 14, 15, 16, 17}},
 }
 
 var hotGroups = []columnGroup{
@@ -328,7 +335,7 @@ func legend(res *results) string {
 	if slices.ContainsFunc(res.Settings.Scenarios, func(sc string) bool { return sc != scHot }) {
 		lines = append(lines, "calls/rebuild: origin calls per cold wave (cold, stall) or per rebuild episode of a key (steady, failure);"+
 			" latencies are per request; follower +: latency beyond the origin call the request waited for;"+
-			" redis cmd/req: commands sent (go-redis hook, pub/sub frames excluded); server cmd/req: commands the server processed.")
+			" redis cmd/req: commands sent (go-redis hook, pub/sub frames excluded); server cmd/req: commands the server processed; server cmd/wave, new conn/wave: commands the server processed and connections it accepted per cold wave.")
 	}
 	var b strings.Builder
 	b.WriteString(strings.Join(lines, ""))
