@@ -495,16 +495,7 @@ func TestHitRoundTripsAndCounts(t *testing.T) {
 			t.Errorf("hit = (%q, %v), outcome %v", v, err, o)
 		}
 	}
-	gets := 0
-	for _, name := range log.take() {
-		switch name {
-		case "get":
-			gets++
-		case "hello", "client": // new pooled connections
-		default:
-			t.Errorf("a hit sent %s", name)
-		}
-	}
+	gets := hitGETs(t, log)
 	if gets != 50 {
 		t.Errorf("50 hits sent %d GETs, want 50", gets)
 	}

@@ -26,6 +26,23 @@ func gathering(c *Cache, vkey string) int {
 	return 1 + e.open.joined
 }
 
+// hitGETs counts the GETs in log, the commands that hits sent, and
+// fails t for any other command but a new connection's.
+func hitGETs(t *testing.T, log *cmdLog) int {
+	t.Helper()
+	gets := 0
+	for _, name := range log.take() {
+		switch name {
+		case "get":
+			gets++
+		case "hello", "client": // new pooled connections
+		default:
+			t.Errorf("a hit sent %s", name)
+		}
+	}
+	return gets
+}
+
 // holdHook holds the first n GETs of one key until gate opens, each
 // before it is sent, or after its reply came when afterReply is set (the
 // reply is then older than anything written meanwhile); held reports
@@ -132,16 +149,7 @@ func TestConcurrentHitsOfOneKeyShareOneGET(t *testing.T) {
 			})
 			hold.release()
 			wg.Wait()
-			gets := 0
-			for _, name := range log.take() {
-				switch name {
-				case "get":
-					gets++
-				case "hello", "client": // new pooled connections
-				default:
-					t.Errorf("a hit sent %s", name)
-				}
-			}
+			gets := hitGETs(t, log)
 			if gets != readWires+1 {
 				t.Errorf("%d concurrent %ss of one key sent %d GETs, want %d", callers, api, gets, readWires+1)
 			}
