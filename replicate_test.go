@@ -79,7 +79,11 @@ func TestUnreplicatedCommitIsReportedAsStoredOnTheMaster(t *testing.T) {
 		results = append(results, r)
 		mu.Unlock()
 	}}
-	c := newTestCache(t, p.m, &Options{ReplicaTimeout: 100 * time.Millisecond, Observer: obs})
+	// 2s, not less: the lease's acquire must be acknowledged by both
+	// replicas, which a loaded machine's took over 100ms to do once (the
+	// miss then failed open, with no commit). The commit's wait then
+	// lasts the 2s, with its replica paused.
+	c := newTestCache(t, p.m, &Options{ReplicaTimeout: failoverReplicaTimeout, Observer: obs})
 	key := testKey(t)
 	load := newGatedLoader("v")
 	got := make(chan error, 1)

@@ -193,7 +193,11 @@ func TestStalledReplicaLeavesTheBreakerClosed(t *testing.T) {
 	c := newTestCache(t, rdb, nil)
 	closed := newTestCache(t, rdb, &Options{FailClosed: true})
 	key := testKey(t) + "present"
-	if err := c.Set(ctx, key, []byte("stored"), time.Minute); err != nil {
+	// Stored while every replica runs, by a writer that gives them 2s to
+	// acknowledge (the default 250ms is for the claim below, not for a
+	// loaded machine's healthy replicas).
+	w := newTestCache(t, rdb, &Options{ReplicaTimeout: failoverReplicaTimeout})
+	if err := w.Set(ctx, key, []byte("stored"), time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	stalled := s.Nodes()[1]
