@@ -127,7 +127,10 @@ func TestJobRedlock(t *testing.T) {
 	for range 3 {
 		clients = append(clients, redistest.Start(t).Client(t))
 	}
-	rl := NewRedlock(clients, nil)
+	// A node timeout of its own: the default, a tenth of the 1s lease,
+	// is less than a loaded machine's first round (which dials every
+	// master) can take, and A's Run then found no quorum.
+	rl := NewRedlock(clients, &RedlockOptions{NodeTimeout: testNodeTimeout / 2})
 	t.Cleanup(func() { rl.Close() })
 	done := NewFencedStore(clients[0], "")
 	at := time.Date(2026, 12, 1, 3, 0, 0, 0, time.UTC)
@@ -152,7 +155,11 @@ func TestJobRedlock(t *testing.T) {
 		})
 		out <- res{ran, err}
 	}()
-	<-inA
+	select {
+	case <-inA:
+	case got := <-out: // A's Run returned without running fn (an acquire that found no quorum, say)
+		t.Fatalf("A returned before running fn: %+v", got)
+	}
 	if ran, err := b.Run(context.Background(), func(context.Context, LeaseHandle) error { return nil }); ran || err != nil {
 		t.Errorf("B while A runs: ran %v, err %v; want false, nil", ran, err)
 	}
