@@ -161,11 +161,13 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 // coalesce without storing), a nil load ([ErrNilLoader]) or a closed Cache
 // ([ErrClosed]). It returns ctx.Err() when ctx
 // ends first; the rebuild goes on for the other callers. With a ctx that
-// can end, a hit's GET runs in a goroutine of its own and Get returns as
-// soon as ctx ends or Close begins. With one that cannot (Background,
-// WithoutCancel), or with [Options.InlineHits], the GET is sent from the
-// caller's goroutine, and Get waits for it, bounded only by the client's
-// ReadTimeout and WriteTimeout, Close included. A loader error
+// can end, a hit's GET is sent by a reader goroutine (or shared with other
+// callers of the key) and Get returns as soon as ctx ends or Close begins.
+// With one that cannot (Background, WithoutCancel), or with
+// [Options.InlineHits], a caller that sends its own GET (fewer than two
+// of the key's reads are on the wire in this process) sends it from its
+// goroutine and waits for it, bounded only by the client's ReadTimeout
+// and WriteTimeout, Close included. A loader error
 // or panic reaches every caller of that rebuild, in every process, as a
 // [*LoadError] (errors.Is [ErrLoadFailed]; see there for what it holds
 // where, and [Options.RetryFailedLoad] and [NoShare] for a retry by the

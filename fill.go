@@ -81,8 +81,9 @@ var errYielded = errors.New("herd: the fill was given up")
 //
 // A fresh value in Redis is found as Get finds it: through the shared
 // read of the key (one GET for the concurrent callers of this process),
-// in the caller's goroutine. Callers in one process that arrive while a
-// Fill of theirs is running wait for it rather than for Redis. Unlike
+// in the caller's goroutine, before anything else. Callers in one process
+// that do not find one while a Fill of theirs is running wait for that
+// Fill. Unlike
 // Get, each call's rebuild work is its own: the local tier is the Fill
 // registry, not a single-flight.
 //
@@ -116,10 +117,11 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 	var pre *preRead
 	if c.near == nil {
 		// The hit path, as Get's: a fresh value in Redis answers in this
-		// goroutine, through the shared read (which leaves when ctx ends).
+		// goroutine, through the shared read (which leaves when ctx ends
+		// or Close begins: its GET is always a reader's).
 		var env envelope
 		var done bool
-		if env, done, pre, err = c.hitEnv(ctx, key, keys.value); done {
+		if env, done, pre, err = c.hitEnv(ctx, key, keys.value, false); done {
 			if err != nil {
 				return nil, nil, err
 			}

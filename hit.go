@@ -31,7 +31,7 @@ type preRead struct {
 // that val, err are the caller's answer; otherwise pre is the read for
 // the flight (nil: the flight reads itself).
 func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
-	env, done, pre, err := c.hitEnv(ctx, key, vkey)
+	env, done, pre, err := c.hitEnv(ctx, key, vkey, true)
 	if !done || err != nil {
 		return nil, done, pre, err
 	}
@@ -39,14 +39,14 @@ func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, done boo
 }
 
 // hitEnv is hit with the envelope of the value: on a fresh hit, env is
-// it, its payload the caller's own.
-func (c *Cache) hitEnv(ctx context.Context, key, vkey string) (env envelope, done bool, pre *preRead, err error) {
+// it, its payload the caller's own. inline is sharedRead's.
+func (c *Cache) hitEnv(ctx context.Context, key, vkey string, inline bool) (env envelope, done bool, pre *preRead, err error) {
 	if c.brk.troubled.Load() {
 		// The breaker decides who probes a troubled Redis: the flight asks.
 		return env, false, nil, nil
 	}
 	sent := time.Now()
-	r := c.sharedRead(ctx, key, vkey) // the breaker has the GET's result
+	r := c.sharedRead(ctx, key, vkey, inline) // the breaker has the GET's result
 	switch err := r.err; {
 	case err == nil:
 	case ctx.Err() != nil:

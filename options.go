@@ -427,9 +427,10 @@ type Options struct {
 	// Default: 100,000.
 	MaxTagEntries int
 
-	// InlineHits sends a lone hit's GET (no other caller of the key is
-	// reading it in this process) from the caller's goroutine even when
-	// the caller's ctx can end. go-redis hooks then see the caller's ctx
+	// InlineHits sends a hit's GET from the caller's goroutine even when
+	// the caller's ctx can end, when the caller sends its own (fewer than
+	// two of the key's reads are on the wire in this process; otherwise it
+	// shares the next read). go-redis hooks then see the caller's ctx
 	// (tracing); without it, a Get whose ctx can end hands its GET to a
 	// reader goroutine (kept between reads) so that it can leave at once,
 	// which costs two goroutine wake-ups per hit (docs/cache-aside.md,

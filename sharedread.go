@@ -15,12 +15,14 @@ import (
 // then pay one round trip each, as with plain GETs). One that finds
 // readWires of them opens the next read, which every caller after it
 // joins, and which is sent when the oldest read on the wire returns (or
-// after readStall, so that a stalled reply does not hold the next). So a
-// key's GETs per process grow with round trips, not with callers, and a
-// reply never predates a write that returned before its caller started.
+// after readStall, so that a stalled reply does not hold the next: while
+// replies stall, a key gains one more GET on the wire per readStall, up
+// to the client's ReadTimeout). So a key's GETs per process grow with
+// round trips, not with callers, and a reply never predates a write that
+// returned before its caller started.
 //
-// A caller whose ctx cannot end (or with Options.InlineHits) sends its own
-// read from its goroutine. Every other read is sent by a reader: a
+// A Get or Peek whose ctx cannot end (or with Options.InlineHits) sends
+// its own read from its goroutine. Every other read is sent by a reader: a
 // goroutine kept between reads (it leaves after readIdle without one, or
 // at Close), so a hit with a ctx that can end costs no goroutine start
 // and its caller still leaves as soon as ctx ends.
@@ -121,7 +123,11 @@ func (e *readEntry) retire(rc *readCall) {
 
 // sharedRead GETs vkey (the value of key) for a hit or a Peek, sharing the
 // read with concurrent callers of the key.
-func (c *Cache) sharedRead(ctx context.Context, key, vkey string) readResult {
+//
+// inline allows the caller to send a read itself when its ctx cannot end
+// (or with InlineHits); Begin, which leaves at Close whatever its ctx,
+// never does.
+func (c *Cache) sharedRead(ctx context.Context, key, vkey string, inline bool) readResult {
 	s := &c.reads.stripes[stripe(vkey)]
 	s.mu.Lock()
 	e := s.m[vkey]
@@ -135,7 +141,7 @@ func (c *Cache) sharedRead(ctx context.Context, key, vkey string) readResult {
 	if s.m == nil {
 		s.m = make(map[string]readEntry)
 	}
-	if e.sending() < readWires && (ctx.Done() == nil || c.cfg.InlineHits) {
+	if inline && e.sending() < readWires && (ctx.Done() == nil || c.cfg.InlineHits) {
 		// A free slot: this caller sends the GET itself.
 		rc := readCalls.Get().(*readCall)
 		rc.key, rc.vkey, rc.s = key, vkey, s

@@ -322,3 +322,79 @@ func TestSharedReadManyKeysUnderChurnAndClose(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+type beginAnswer struct {
+	hit  *Hit
+	fill *Fill
+	err  error
+}
+
+// beginAfterClose calls Begin for a fresh key whose GET is held, calls
+// Close, and reports what Begin returned within a few seconds (ok false:
+// it did not return). The held GET is then released, and Begin and Close
+// are waited for.
+func beginAfterClose(t *testing.T, opt *Options, mk func() (context.Context, context.CancelFunc)) (a beginAnswer, ok bool) {
+	t.Helper()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	c := newTestCache(t, rdb, opt)
+	bg := context.Background()
+	if err := c.Set(bg, "k", []byte("v"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	vkey, _ := valueKey(DefaultPrefix, "k")
+	hold := newHoldHook(t, rdb, vkey, 1, false)
+	ch := make(chan beginAnswer, 1)
+	go func() {
+		ctx, cancel := mk()
+		defer cancel()
+		h, f, err := c.Begin(ctx, "k", time.Hour, nil)
+		if f != nil {
+			f.Abort(nil)
+		}
+		ch <- beginAnswer{h, f, err}
+	}()
+	<-hold.held // Begin's GET is under way (held before it is sent)
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	select {
+	case a = <-ch:
+		ok = true
+	case <-time.After(5 * time.Second):
+	}
+	hold.release()
+	if !ok {
+		<-ch
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	return a, ok
+}
+
+// Close's promise for Begin: a Begin whose hit GET is under way returns
+// ErrClosed when Close is called, whatever its ctx and with InlineHits
+// too (only a Get or Peek whose ctx cannot end, or any with InlineHits,
+// waits for its GET). Begin's hit GET is always a reader's, never sent
+// from the caller's goroutine.
+func TestBeginLeavesAtCloseWhileItsHitGETWaits(t *testing.T) {
+	t.Parallel()
+	for name, tc := range map[string]struct {
+		opt *Options
+		mk  func() (context.Context, context.CancelFunc)
+	}{
+		"ctx that cannot end": {nil, func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
+		"InlineHits":          {&Options{InlineHits: true}, func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			a, ok := beginAfterClose(t, tc.opt, tc.mk)
+			if !ok {
+				t.Fatal("Begin whose hit GET was under way did not return within 5s of Close: it waited for the GET")
+			}
+			if !errors.Is(a.err, ErrClosed) {
+				t.Errorf("Begin after Close = (%v, %v, %v), want ErrClosed", a.hit, a.fill, a.err)
+			}
+		})
+	}
+}
