@@ -247,7 +247,7 @@ func TestCacheTakeoverFromDeadLeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	corpse.expiry.Stop()
+	corpse.life.StopExpiry()
 	start := time.Now()
 	c := newTestCache(t, rdb, &Options{WaitTimeout: 10 * lease})
 	var calls atomic.Int64

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/faultproxy"
+	"github.com/herdkit/herd/internal/lease"
 	"github.com/herdkit/herd/internal/redistest"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
@@ -1141,7 +1142,7 @@ func TestFaultClockJump(t *testing.T) {
 			if !tookOver && !errors.Is(err, ErrLoadFailed) {
 				t.Errorf("B: (%q, %v, %v), want a takeover with version 2 or the abandoned load's ErrLoadFailed", v, err, ob)
 			}
-			if takeover < 3*faultLease-drift(faultLease) || takeover > 4*faultLease+faultSlack {
+			if takeover < 3*faultLease-lease.Drift(faultLease) || takeover > 4*faultLease+faultSlack {
 				t.Errorf("B served %v after A's load started, want between the %v cap and a lease after it", takeover, 3*faultLease)
 			}
 			if !errors.Is(resA[0].err, ErrLoadFailed) {

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/herdkit/herd/internal/lease"
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
@@ -889,7 +890,7 @@ func (cn *nearConn) run() {
 				select {
 				case <-cn.ctx.Done():
 					return
-				case <-time.After(jitter(backoff)):
+				case <-time.After(lease.Jitter(backoff)):
 				}
 			}
 			if h := cn.n.hooks.Load(); h != nil && h.resubscribe != nil {

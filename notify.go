@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdkit/herd/internal/lease"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -462,7 +463,7 @@ func (c *psConn) work() {
 				c.failing = err
 				n.mu.Unlock()
 				backoff = min(max(2*backoff, 50*time.Millisecond), 2*time.Second)
-				retry.Reset(jitter(backoff))
+				retry.Reset(lease.Jitter(backoff))
 				break
 			}
 			backoff = 0
@@ -689,7 +690,7 @@ func (c *psConn) receive(ps *redis.PubSub) {
 					select {
 					case <-n.ctx.Done():
 						return
-					case <-time.After(jitter(min(time.Duration(failures)*50*time.Millisecond, time.Second))):
+					case <-time.After(lease.Jitter(min(time.Duration(failures)*50*time.Millisecond, time.Second))):
 					}
 				}
 			}

@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdkit/herd/internal/lease"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -471,7 +472,7 @@ func (r *Redlock) listen(ctx context.Context, channel string, ping chan<- struct
 // pollWait is the jittered backoff, cut short when a holder's lease ends
 // sooner.
 func pollWait(backoff, holder time.Duration) time.Duration {
-	wait := jitter(backoff)
+	wait := lease.Jitter(backoff)
 	if holder > 0 && holder+time.Millisecond < wait {
 		wait = holder + time.Millisecond
 	}
@@ -747,7 +748,7 @@ func (a *rlAttempt) releaseMark(i int) time.Duration {
 
 // deadline is the end of the attempt's validity: no master's lease, set
 // after start, expires before start + ttl, less the drift allowance.
-func (a *rlAttempt) deadline() time.Time { return a.start.Add(a.ttl - drift(a.ttl)) }
+func (a *rlAttempt) deadline() time.Time { return a.start.Add(a.ttl - lease.Drift(a.ttl)) }
 
 // afterAcquire decides round one: with a quorum of grants and validity
 // left, it picks the token (1 + the highest counter the grants read).
@@ -781,19 +782,14 @@ func (a *rlAttempt) afterRaise(raised []nodeReply) (*RedlockLease, error) {
 		return nil, fmt.Errorf("%w: %q: the lease's validity was spent before a quorum raised its fence", ErrNoQuorum, a.key)
 	}
 	l := &RedlockLease{
-		r:        a.r,
-		key:      a.key,
-		keys:     a.keys,
-		owner:    a.owner,
-		token:    a.token,
-		ttl:      a.ttl,
-		acquired: a.start,
-		lost:     make(chan struct{}),
+		r:     a.r,
+		key:   a.key,
+		keys:  a.keys,
+		owner: a.owner,
+		token: a.token,
+		ttl:   a.ttl,
 	}
-	l.mu.Lock() // the timer may fire before the assignment is done
-	l.deadline = deadline
-	l.expiry = time.AfterFunc(deadline.Sub(now), l.markLost)
-	l.mu.Unlock()
+	l.life.Init(a.ttl, a.start, deadline, a.r.now, l.markLost)
 	return l, nil
 }
 

@@ -5,30 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
-	"sync"
 	"time"
+
+	"github.com/herdkit/herd/internal/lease"
 )
 
 // RedlockLease is one holding of a [Redlock]. Its methods are safe for
 // concurrent use. Release it when the protected work is done.
 type RedlockLease struct {
-	r        *Redlock
-	key      string
-	keys     keyFamily
-	owner    string // the lease key's value on every master
-	token    uint64
-	ttl      time.Duration
-	acquired time.Time
-	lost     chan struct{}
-
-	mu       sync.Mutex // guards the fields below
-	deadline time.Time  // local end of validity; Lost closes then
-	expiry   *time.Timer
-	isLost   bool
-	released bool // Release was called
-	freed    bool // a Release succeeded: later ones return nil without Redis
-	watch    *watchdog
+	r     *Redlock
+	key   string
+	keys  keyFamily
+	owner string // the lease key's value on every master
+	token uint64
+	ttl   time.Duration
+	life  lease.State // deadline (on the Redlock's clock), Lost, release and watchdog
 }
 
 // Token returns the lease's quorum fencing token. Tokens of one key
@@ -46,18 +37,14 @@ func (l *RedlockLease) Key() string { return l.key }
 // Deadline returns the local time until which the lease is known valid:
 // the acquire or last successful extend started before it by the lease
 // length, less an allowance for clock drift.
-func (l *RedlockLease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
-}
+func (l *RedlockLease) Deadline() time.Time { return l.life.Deadline() }
 
 // Lost returns a channel that is closed when the lease is known to be
 // lost: its validity ran out without a successful renewal, an extend
 // found it gone on too many masters for a quorum, or [RedlockLease.KeepAlive]
 // reached its cap. Release does not close it. Once closed, the lease stays
 // lost: stop the protected work and call Release.
-func (l *RedlockLease) Lost() <-chan struct{} { return l.lost }
+func (l *RedlockLease) Lost() <-chan struct{} { return l.life.Lost() }
 
 // Extend makes the lease last at least ttl from now on every master that
 // still holds it for this owner, and succeeds when a quorum did so in time
@@ -87,10 +74,7 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := checkRedlockTTL(ttl); err != nil {
 		return err
 	}
-	l.mu.Lock()
-	gone := l.isLost || l.released
-	l.mu.Unlock()
-	if gone {
+	if l.life.Gone() {
 		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
 	}
 	start := r.now()
@@ -98,7 +82,7 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 		return r.extendNode(ctx, i, l.keys, l.owner, ttl)
 	})
 	ok, refused, errs := tally(replies)
-	deadline := start.Add(ttl - drift(ttl))
+	deadline := start.Add(ttl - lease.Drift(ttl))
 	now := r.now()
 	if ok < r.quorum || !now.Before(deadline) {
 		r.cfg.sig.lease(l.key, LeaseExtendFailed)
@@ -111,16 +95,16 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 				ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum), errs)
 		}
 		return fmt.Errorf("%w: extend lease %q: %d of %d masters confirmed it, but only after its new validity (%v) was spent; the lease is as it was",
-			ErrNoQuorum, l.key, ok, len(r.nodes), ttl-drift(ttl))
+			ErrNoQuorum, l.key, ok, len(r.nodes), ttl-lease.Drift(ttl))
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released {
+	l.life.Lock()
+	gone := l.life.GoneLocked()
+	if !gone && deadline.After(l.life.DeadlineLocked()) { // the masters never shorten it: neither does the deadline
+		l.life.RenewedLocked(deadline, 0)
+	}
+	l.life.Unlock()
+	if gone {
 		return fmt.Errorf("%w: %q: validity ran out or the lease was released while extending", ErrLeaseLost, l.key)
-	}
-	if deadline.After(l.deadline) { // the masters never shorten it: neither does the deadline
-		l.deadline = deadline
-		l.expiry.Reset(deadline.Sub(now))
 	}
 	r.cfg.sig.lease(l.key, LeaseExtended)
 	return nil
@@ -151,76 +135,20 @@ func (l *RedlockLease) KeepAlive(maxHold time.Duration) {
 	if err := l.r.enter(); err != nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released || l.watch != nil {
-		l.r.leave()
-		return
-	}
-	ctx, cancel := context.WithCancel(l.r.root)
-	w := &watchdog{ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	l.watch = w
-	var capAt time.Time
-	if maxHold > 0 {
-		capAt = l.acquired.Add(maxHold)
-		if capAt.Before(l.deadline) {
-			// The holding ends at the cap: Lost closes then, though the
-			// masters' keys (never shortened) live to the lease's end.
-			l.deadline = capAt
-			l.expiry.Reset(capAt.Sub(l.r.now()))
-		}
-	}
-	go func() {
+	// The holding ends at a cap before the lease's end: Lost closes then,
+	// though the masters' keys (never shortened) live to the lease's end.
+	started := l.life.KeepAlive(l.r.root, maxHold, func(ctx context.Context, capAt time.Time) {
 		defer l.r.leave()
-		l.renew(w, capAt)
-	}()
-}
-
-// renew is the watchdog loop.
-func (l *RedlockLease) renew(w *watchdog, capAt time.Time) {
-	defer close(w.done)
-	timer := time.NewTimer(l.ttl)
-	defer timer.Stop()
-	retry := min(max(l.ttl/20, time.Millisecond), 50*time.Millisecond)
-	wait := func(d time.Duration) bool {
-		timer.Reset(d)
-		select {
-		case <-w.ctx.Done():
-			return false
-		case <-l.lost:
-			return false
-		case <-timer.C:
-			return true
-		}
-	}
-	for {
-		if !wait(l.ttl/3 + rand.N(l.ttl/6+1)) {
-			return
-		}
-		ext := l.ttl
-		if !capAt.IsZero() {
-			ext = min(ext, capAt.Sub(l.r.now()))
-			if ext < redlockMinLease {
-				return // at the cap: the lease runs out by itself.
-			}
-		}
-		for {
-			ctx, cancel := context.WithDeadline(w.ctx, l.Deadline())
-			err := l.Extend(ctx, ext)
-			cancel()
-			if err == nil {
-				break
-			}
-			if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrClosed) || !l.r.now().Before(l.Deadline()) {
-				return
-			}
-			if !wait(jitter(retry)) { // no quorum this time: try again while valid
-				return
-			}
-		}
-		if ext < l.ttl {
-			return // the capped, final renewal
-		}
+		l.life.Renew(ctx, capAt, lease.Renewal{
+			Extend: l.Extend,
+			Final: func(err error) bool {
+				return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrClosed)
+			},
+			Min: redlockMinLease,
+		})
+	})
+	if !started {
+		l.r.leave()
 	}
 }
 
@@ -244,26 +172,17 @@ func (l *RedlockLease) Release(ctx context.Context) error {
 		return err
 	}
 	defer r.leave()
-	l.mu.Lock()
-	l.released = true
-	freed := l.freed
-	if l.expiry != nil {
-		l.expiry.Stop()
-	}
-	l.mu.Unlock()
-	if freed {
+	if freed, _, _ := l.life.Release(); freed {
 		return nil
 	}
-	l.stopWatchdog()
+	l.life.StopWatchdog()
 	replies := r.fanout(ctx, r.all, r.nodeTimeout(l.ttl), func(ctx context.Context, i int) nodeReply {
 		return r.releaseNode(ctx, i, l.keys, l.owner)
 	})
 	ok, refused, errs := tally(replies)
 	switch {
 	case ok >= r.quorum:
-		l.mu.Lock()
-		l.freed = true
-		l.mu.Unlock()
+		l.life.Freed()
 		return nil
 	case refused > len(r.nodes)-r.quorum:
 		return fmt.Errorf("%w: %q: it expired or passed to another owner before release (%d of %d masters)", ErrLeaseLost, l.key, refused, len(r.nodes))
@@ -272,42 +191,12 @@ func (l *RedlockLease) Release(ctx context.Context) error {
 		ErrNoQuorum, l.key, ok, len(r.nodes), r.quorum), errs)
 }
 
-// stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
-func (l *RedlockLease) stopWatchdog() {
-	l.mu.Lock()
-	w := l.watch
-	l.watch = nil
-	l.mu.Unlock()
-	if w != nil {
-		w.cancel()
-		<-w.done
-	}
-}
-
 // finish stops the lease's local timers without touching Redis (tests,
 // and Release after Close).
-func (l *RedlockLease) finish() {
-	l.stopWatchdog()
-	l.mu.Lock()
-	l.released = true
-	if l.expiry != nil {
-		l.expiry.Stop()
-	}
-	l.mu.Unlock()
-}
+func (l *RedlockLease) finish() { l.life.Finish() }
 
 func (l *RedlockLease) markLost() {
-	l.mu.Lock()
-	first := !l.isLost && !l.released
-	if !l.isLost {
-		l.isLost = true
-		close(l.lost)
-		if l.expiry != nil {
-			l.expiry.Stop()
-		}
-	}
-	l.mu.Unlock()
-	if first {
+	if l.life.Lose() {
 		sig := l.r.cfg.sig
 		sig.lease(l.key, LeaseLost)
 		sig.logRare(slog.LevelWarn, "herd: redlock lease lost: its validity ran out or a quorum no longer holds it; stop the protected work", "key", l.key, "token", l.token)

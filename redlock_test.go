@@ -356,7 +356,7 @@ func TestRedlockRestartRule(t *testing.T) {
 			t.Fatalf("B while master 2 is out: %v, want ErrLeaseHeld", err)
 		}
 		<-a.Lost()                                  // A's validity is over
-		time.Sleep(time.Until(a.acquired.Add(ttl))) // and its leases have expired on every master
+		time.Sleep(time.Until(a.life.Acquired().Add(ttl))) // and its leases have expired on every master
 		g.srvs[2].Restart(t)
 		b, err := rb.Acquire(ctx, testKey(t), ttl)
 		if err != nil {
@@ -673,5 +673,5 @@ func TestRedlockKeepAliveCapEndsTheHoldingBeforeTheFirstRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	checkCapEndsHolding(t, lease, lease.acquired, 300*time.Millisecond)
+	checkCapEndsHolding(t, lease, lease.life.Acquired(), 300*time.Millisecond)
 }

@@ -8,11 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/herdkit/herd/internal/lease"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -142,9 +142,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	if err != nil {
 		return nil, err
 	}
-	lease, pttl, err := l.tryCtx(ctx, key, keys, ttl)
-	if lease != nil || !errors.Is(err, ErrLeaseHeld) {
-		return lease, err
+	got, pttl, err := l.tryCtx(ctx, key, keys, ttl)
+	if got != nil || !errors.Is(err, ErrLeaseHeld) {
+		return got, err
 	}
 	l.cfg.sig.lease(key, LeaseContended) // once per wait
 
@@ -195,14 +195,14 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 		case <-wake:
 		case <-poll.C:
 		}
-		lease, pttl, err = l.tryCtx(ctx, key, keys, ttl)
+		got, pttl, err = l.tryCtx(ctx, key, keys, ttl)
 		if err != nil && ctx.Err() != nil {
 			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
 		}
-		if lease != nil || !errors.Is(err, ErrLeaseHeld) {
-			return lease, err
+		if got != nil || !errors.Is(err, ErrLeaseHeld) {
+			return got, err
 		}
-		wait := jitter(backoff)
+		wait := lease.Jitter(backoff)
 		if pttl > 0 && pttl+time.Millisecond < wait {
 			// The holder's lease ends sooner: look again just after.
 			wait = pttl + time.Millisecond
@@ -375,31 +375,28 @@ func (l *Locker) parseAcquire(ctx context.Context, key string, keys keyFamily, t
 		cancel()
 		return attempted{}, fmt.Errorf("herd: acquire lease %q: %w", key, werr)
 	}
-	lease := &Lease{
-		locker:   l,
-		key:      key,
-		keys:     keys,
-		value:    owner + ":" + val,
-		token:    token,
-		ttl:      ttl,
-		acquired: start,
-		lost:     make(chan struct{}),
+	held := &Lease{
+		locker: l,
+		key:    key,
+		keys:   keys,
+		value:  owner + ":" + val,
+		token:  token,
+		ttl:    ttl,
 	}
-	deadline := start.Add(ttl - drift(ttl))
+	deadline := start.Add(ttl - lease.Drift(ttl))
 	if time.Until(deadline) <= 0 {
 		// The reply came too late to be of use: the lease may already have
 		// passed to someone else. Give it back and report it as held.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ttl)
 		defer cancel()
-		_ = lease.Release(rctx)
+		_, _ = leaseCall(l, rctx, func(ctx context.Context) (int, error) {
+			return held.releaseWith(ctx, msgReleased)
+		})
 		return attempted{}, fmt.Errorf("%w: %q: the acquire reply came after the lease's validity", ErrLeaseHeld, key)
 	}
-	lease.mu.Lock() // the timer may fire before the assignment is done
-	lease.deadline = deadline
-	lease.expiry = time.AfterFunc(time.Until(deadline), lease.markLost)
-	lease.mu.Unlock()
+	held.life.Init(ttl, start, deadline, nil, held.markLost)
 	l.cfg.sig.lease(key, LeaseAcquired)
-	return attempted{lease: lease}, nil
+	return attempted{lease: held}, nil
 }
 
 func (l *Locker) fenceTTL(ttl time.Duration) time.Duration {
@@ -409,28 +406,13 @@ func (l *Locker) fenceTTL(ttl time.Duration) time.Duration {
 // Lease is one holding of a lease acquired from a [Locker]. Its methods are
 // safe for concurrent use. Release it when the protected work is done.
 type Lease struct {
-	locker   *Locker
-	key      string
-	keys     keyFamily
-	value    string // "<owner>:<fence>", the lease key's value in Redis
-	token    uint64
-	ttl      time.Duration
-	acquired time.Time
-	lost     chan struct{}
-
-	mu       sync.Mutex // guards the fields below
-	deadline time.Time  // local end of validity; Lost closes then
-	expiry   *time.Timer
-	isLost   bool
-	released bool // Release was called, or a script released the lease (finish)
-	freed    bool // a Release succeeded: later ones return nil without Redis
-	watch    *watchdog
-}
-
-type watchdog struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	locker *Locker
+	key    string
+	keys   keyFamily
+	value  string // "<owner>:<fence>", the lease key's value in Redis
+	token  uint64
+	ttl    time.Duration
+	life   lease.State // deadline, Lost, release and watchdog; released also when a script released the lease (finish)
 }
 
 // Token returns the lease's fencing token. Tokens of one key strictly
@@ -449,18 +431,14 @@ func (l *Lease) Key() string { return l.key }
 // Deadline returns the local time until which the lease is known valid:
 // the acquire or last successful extend was sent before it by the lease
 // length, less an allowance for clock drift.
-func (l *Lease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
-}
+func (l *Lease) Deadline() time.Time { return l.life.Deadline() }
 
 // Lost returns a channel that is closed when the lease is known to be
 // lost: its local validity ran out without a successful renewal, an
 // extend found it taken or deleted, or [Lease.KeepAlive] reached its cap.
 // Release does not close it. Once closed, the lease stays lost: stop the
 // protected work and call Release.
-func (l *Lease) Lost() <-chan struct{} { return l.lost }
+func (l *Lease) Lost() <-chan struct{} { return l.life.Lost() }
 
 // Extend sets the lease's remaining time to ttl, if it is still this
 // owner's. It returns an error wrapping [ErrLeaseLost] when it is not, or
@@ -508,10 +486,7 @@ func leaseCall[T any](l *Locker, ctx context.Context, call func(context.Context)
 // extend is Extend without the range check, for the watchdog's capped
 // last renewal, which may be shorter than a lease may be acquired for.
 func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
-	l.mu.Lock()
-	gone := l.isLost || l.released
-	l.mu.Unlock()
-	if gone {
+	if l.life.Gone() {
 		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
 	}
 	start := time.Now()
@@ -530,14 +505,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 		l.markLost()
 		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
 	}
-	deadline := start.Add(ttl - drift(ttl))
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released {
+	if !l.life.Renewed(start.Add(ttl - lease.Drift(ttl))) {
 		return fmt.Errorf("%w: %q: validity ran out or the lease was released while extending", ErrLeaseLost, l.key)
 	}
-	l.deadline = deadline
-	l.expiry.Reset(time.Until(deadline))
 	l.locker.cfg.sig.lease(l.key, LeaseExtended)
 	return nil
 }
@@ -563,88 +533,23 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released || l.watch != nil {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watchdog{ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	l.watch = w
-	var capAt time.Time
-	if maxHold > 0 {
-		capAt = l.acquired.Add(maxHold)
-		if capAt.Before(l.deadline) {
-			// The lease as acquired outlives the cap: the holding ends
-			// at the cap locally now, and in Redis with the watchdog's
-			// first renewal, sent at once and shortened to the cap.
-			l.deadline = capAt
-			l.expiry.Reset(time.Until(capAt))
-		}
-	}
-	go l.renew(w, capAt)
+	l.life.KeepAlive(context.Background(), maxHold, l.renew)
 }
 
-// renew is the watchdog loop.
-func (l *Lease) renew(w *watchdog, capAt time.Time) {
-	defer close(w.done)
-	timer := time.NewTimer(l.ttl)
-	defer timer.Stop()
-	retry := min(max(l.ttl/20, time.Millisecond), 50*time.Millisecond)
-	capped := false // a renewal shortened the lease in Redis to the cap
-	defer func() {
-		// The holding ended at the cap without a renewal that shortened
-		// the lease in Redis to it (KeepAlive came after the cap, or the
-		// capped renewal failed): delete the key, so that it does not
-		// keep other owners out to the lease's own end.
-		if !capAt.IsZero() && !capped && w.ctx.Err() == nil && time.Until(capAt) < time.Millisecond {
-			l.endAtCap(w.ctx)
-		}
-	}()
-	for first := true; ; first = false {
-		interval := l.ttl/3 + rand.N(l.ttl/6+1)
-		if first && !capAt.IsZero() && capAt.Before(l.acquired.Add(l.ttl)) {
-			interval = 0 // the lease as acquired reaches past the cap: shorten it now
-		}
-		timer.Reset(interval)
-		select {
-		case <-w.ctx.Done():
-			return
-		case <-l.lost:
-			return
-		case <-timer.C:
-		}
-		ext := l.ttl
-		if !capAt.IsZero() {
-			ext = min(ext, time.Until(capAt))
-			if ext < time.Millisecond {
-				return // at the cap: the lease runs out by itself.
-			}
-		}
-		for {
-			ctx, cancel := context.WithDeadline(w.ctx, l.Deadline())
-			err := l.extend(ctx, ext)
-			cancel()
-			if err == nil {
-				break
-			}
-			if errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrInvalidTTL) || time.Until(l.Deadline()) <= 0 {
-				return
-			}
-			// A transient error: try again while the lease is still valid.
-			timer.Reset(jitter(retry))
-			select {
-			case <-w.ctx.Done():
-				return
-			case <-l.lost:
-				return
-			case <-timer.C:
-			}
-		}
-		if ext < l.ttl {
-			capped = true
-			return // the capped, final renewal
-		}
+// renew is the watchdog loop. When the holding ended at the cap without
+// a renewal that shortened the lease in Redis to it (KeepAlive came after
+// the cap, or the capped renewal failed), it deletes the key, so that it
+// does not keep other owners out to the lease's own end.
+func (l *Lease) renew(ctx context.Context, capAt time.Time) {
+	capped := l.life.Renew(ctx, capAt, lease.Renewal{
+		Extend: l.extend,
+		Final: func(err error) bool {
+			return errors.Is(err, ErrLeaseLost) || errors.Is(err, ErrInvalidTTL)
+		},
+		Prompt: true,
+	})
+	if !capAt.IsZero() && !capped && ctx.Err() == nil && time.Until(capAt) < time.Millisecond {
+		l.endAtCap(ctx)
 	}
 }
 
@@ -652,9 +557,7 @@ func (l *Lease) renew(w *watchdog, capAt time.Time) {
 // its KeepAlive cap has ended the holding.
 func (l *Lease) endAtCap(ctx context.Context) {
 	if ok, err := l.releaseWith(ctx, msgReleased); err == nil && ok > 0 {
-		l.mu.Lock()
-		l.freed = true
-		l.mu.Unlock()
+		l.life.Freed()
 	}
 }
 
@@ -668,17 +571,10 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l == nil {
 		return nil
 	}
-	l.mu.Lock()
-	l.released = true
-	freed := l.freed
-	if l.expiry != nil {
-		l.expiry.Stop()
-	}
-	l.mu.Unlock()
-	if freed {
+	if freed, _, _ := l.life.Release(); freed {
 		return nil // released before: the key may belong to someone else now
 	}
-	l.stopWatchdog()
+	l.life.StopWatchdog()
 	ok, err := leaseCall(l.locker, ctx, func(ctx context.Context) (int, error) {
 		return l.releaseWith(ctx, msgReleased)
 	})
@@ -688,9 +584,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	if ok == 0 {
 		return fmt.Errorf("%w: %q: it expired or passed to another owner before release", ErrLeaseLost, l.key)
 	}
-	l.mu.Lock()
-	l.freed = true
-	l.mu.Unlock()
+	l.life.Freed()
 	return nil
 }
 
@@ -718,31 +612,10 @@ func (l *Lease) releaseFailed(ctx context.Context, msg string, base, cap, marker
 	return cmd.Int()
 }
 
-// stopWatchdog stops the KeepAlive goroutine, if any, and waits for it,
-// without releasing the lease.
-func (l *Lease) stopWatchdog() {
-	l.mu.Lock()
-	w := l.watch
-	l.watch = nil
-	l.mu.Unlock()
-	if w != nil {
-		w.cancel()
-		<-w.done
-	}
-}
-
+// markLost closes Lost; the first loss of a lease not released is
+// signalled and logged.
 func (l *Lease) markLost() {
-	l.mu.Lock()
-	first := !l.isLost && !l.released
-	if !l.isLost {
-		l.isLost = true
-		close(l.lost)
-		if l.expiry != nil {
-			l.expiry.Stop()
-		}
-	}
-	l.mu.Unlock()
-	if first {
+	if l.life.Lose() {
 		sig := l.locker.cfg.sig
 		sig.lease(l.key, LeaseLost)
 		sig.logRare(slog.LevelWarn, "herd: lease lost: its validity ran out or another owner has it; stop the protected work", "key", l.key, "token", l.token)
@@ -754,12 +627,6 @@ func newOwner() string {
 	var b [16]byte
 	_, _ = cryptorand.Read(b[:]) // never fails on supported platforms
 	return hex.EncodeToString(b[:])
-}
-
-// drift is the allowance for the difference between the local clock and
-// Redis's expiry: 1% of the lease plus 2ms.
-func drift(ttl time.Duration) time.Duration {
-	return ttl/100 + 2*time.Millisecond
 }
 
 // parsePair reads a script's {status, value, ...} reply.
@@ -778,12 +645,4 @@ func parsePair(res []any) (int64, string, error) {
 		return ok, strconv.FormatInt(v, 10), nil
 	}
 	return 0, "", fmt.Errorf("%w: %.200v", errBadReply, res)
-}
-
-// jitter returns d scaled by a random factor in [0.75, 1.25).
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	return d*3/4 + rand.N(d/2+1)
 }

@@ -600,7 +600,7 @@ func testMaxHoldCap(t *testing.T, b backend) {
 		t.Fatal(err)
 	}
 	defer a.Release(ctx)
-	start := a.acquired
+	start := a.life.Acquired()
 	a.KeepAlive(maxHold)
 	select {
 	case <-a.Lost():
@@ -632,7 +632,7 @@ func testTakeoverAfterLapse(t *testing.T, b backend) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dead.expiry.Stop() // a crashed holder: nothing local runs any more
+	dead.life.StopExpiry() // a crashed holder: nothing local runs any more
 	next, err := l.Acquire(ctx, key, ttl)
 	if err != nil {
 		t.Fatalf("Acquire: %v", err)
@@ -734,7 +734,7 @@ func TestKeepAliveCapEndsTheHoldingBeforeTheFirstRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	checkCapEndsHolding(t, lease, lease.acquired, 300*time.Millisecond)
+	checkCapEndsHolding(t, lease, lease.life.Acquired(), 300*time.Millisecond)
 	waitFor(t, 3*time.Second, "the lease key to expire at the cap", func() bool {
 		return rdb.Exists(ctx, lease.keys.lease).Val() == 0
 	})
@@ -786,19 +786,19 @@ func TestKeepAliveCapEndsTheHoldingWhenCalledAfterTheCap(t *testing.T) {
 	}
 	defer lease.Release(ctx)
 	// The holder's work before KeepAlive outlasts the cap.
-	time.Sleep(time.Until(lease.acquired.Add(maxHold + 50*time.Millisecond)))
+	time.Sleep(time.Until(lease.life.Acquired().Add(maxHold + 50*time.Millisecond)))
 	lease.KeepAlive(maxHold)
 	select {
 	case <-lease.Lost():
 	case <-time.After(time.Second):
-		t.Fatalf("Lost still open %v after the acquire with a %v cap", time.Since(lease.acquired), maxHold)
+		t.Fatalf("Lost still open %v after the acquire with a %v cap", time.Since(lease.life.Acquired()), maxHold)
 	}
 	// Give the watchdog's "at once" renewal a generous second to land.
 	deadline := time.Now().Add(time.Second)
 	for rdb.Exists(ctx, lease.keys.lease).Val() != 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
-	since := time.Since(lease.acquired)
+	since := time.Since(lease.life.Acquired())
 	_, err = other.TryAcquire(ctx, key, time.Second)
 	if errors.Is(err, ErrLeaseHeld) {
 		t.Fatalf("TryAcquire by another instance %v after the acquire (cap %v, Lost closed) = %v; the key lives %v more in Redis",

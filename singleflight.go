@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/herdkit/herd/internal/lease"
 )
 
 // The two-tier flight. Get puts the callers of a key in one process into
@@ -626,7 +628,7 @@ func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
 		backoff = min(max(est/2, c.cfg.PollMin), c.cfg.PollMax)
 	}
 	next := func() time.Duration {
-		d := jitter(backoff)
+		d := lease.Jitter(backoff)
 		if pttl > 0 && pttl+time.Millisecond < d {
 			d = pttl + time.Millisecond
 		}
@@ -1046,15 +1048,7 @@ func runLoaderOf[T any](c *Cache, values context.Context, load func(context.Cont
 
 // finish ends the leader's local bookkeeping of a lease that a script is
 // about to release: the watchdog stops and the expiry timer is disarmed.
-func (l *Lease) finish() {
-	l.stopWatchdog()
-	l.mu.Lock()
-	l.released = true
-	if l.expiry != nil {
-		l.expiry.Stop()
-	}
-	l.mu.Unlock()
-}
+func (l *Lease) finish() { l.life.Finish() }
 
 // newEnvelope builds the envelope of a value written now: fresh for ttl,
 // then servable stale for staleFor.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -145,7 +146,7 @@ func (w *waiter) enqueue(ctx context.Context) error {
 // the waiter's etcd lease meanwhile. It returns errGone when the waiter's
 // key went (its etcd lease ran out while the server was unreachable).
 func (w *waiter) wait(ctx context.Context) (*Lease, error) {
-	recheck := time.NewTimer(jitter(w.l.cfg.recheck))
+	recheck := time.NewTimer(lease.Jitter(w.l.cfg.recheck))
 	defer recheck.Stop()
 	renew := time.NewTimer(w.renewIn())
 	defer renew.Stop()
@@ -169,7 +170,7 @@ func (w *waiter) wait(ctx context.Context) (*Lease, error) {
 					// The watch ended (no leader, compaction, a closed
 					// client): look again after a pause, and watch anew.
 					events = nil
-					retry.Reset(jitter(50 * time.Millisecond))
+					retry.Reset(lease.Jitter(50 * time.Millisecond))
 					continue
 				}
 				for _, ev := range resp.Events {
@@ -180,7 +181,7 @@ func (w *waiter) wait(ctx context.Context) (*Lease, error) {
 			case <-retry.C:
 				check = true
 			case <-recheck.C:
-				recheck.Reset(jitter(w.l.cfg.recheck))
+				recheck.Reset(lease.Jitter(w.l.cfg.recheck))
 				check = true
 			case <-renew.C:
 				err := w.renew(ctx)
@@ -197,7 +198,7 @@ func (w *waiter) wait(ctx context.Context) (*Lease, error) {
 			if errors.Is(err, errGone) || ctx.Err() != nil {
 				return nil, err
 			}
-			retry.Reset(jitter(100 * time.Millisecond)) // etcd unreachable: try again
+			retry.Reset(lease.Jitter(100 * time.Millisecond)) // etcd unreachable: try again
 			continue
 		}
 		if w.pred == "" {

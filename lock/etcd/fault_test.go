@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -238,7 +239,7 @@ func TestServerRestart(t *testing.T) {
 	}
 	back := time.Now()
 	// Wait for a renewal sent after the restart.
-	for !held.Deadline().After(back.Add(ttl - drift(ttl))) {
+	for !held.Deadline().After(back.Add(ttl - lease.Drift(ttl))) {
 		select {
 		case <-held.Lost():
 			t.Fatalf("the holder's lease was lost across a restart within its lease")

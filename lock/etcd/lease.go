@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -22,57 +22,40 @@ import (
 // that a deletion by the server (the etcd lease revoked, or run out) or by
 // anyone else is seen as soon as the watch delivers it, and Lost closed.
 type Lease struct {
-	locker   *Locker
-	name     string
-	key      string
-	token    uint64
-	acquired time.Time
-	lost     chan struct{}
+	locker *Locker
+	name   string
+	key    string
+	token  uint64
 
 	op sync.Mutex // serialises the lease's requests that change it: extend, release
 
 	rel sync.Mutex // serialises Release: a second call sees the first's outcome
 
-	mu       sync.Mutex // guards the fields below
-	id       clientv3.LeaseID
-	ttl      time.Duration // the current length: the acquire's, or the last Extend's
-	secs     int64         // the etcd lease's TTL, in seconds
-	deadline time.Time
-	expiry   *time.Timer
-	isLost   bool
-	released bool // Release was called
-	freed    bool // a Release deleted the key
-	watch    *watchdog
-	stopMon  context.CancelFunc
-	monDone  chan struct{}
-	bg       sync.WaitGroup // lose's revokes
-}
-
-type watchdog struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	// life's length is the current one: the acquire's, or the last
+	// Extend's. Its lock also guards the fields below.
+	life    lease.State
+	id      clientv3.LeaseID
+	secs    int64 // the etcd lease's TTL, in seconds
+	stopMon context.CancelFunc
+	monDone chan struct{}
+	bg      sync.WaitGroup // lose's revokes
 }
 
 func newLease(l *Locker, name, key string, id clientv3.LeaseID, ttl time.Duration, token uint64, seen int64, start, deadline time.Time) *Lease {
 	lease := &Lease{
-		locker:   l,
-		name:     name,
-		key:      key,
-		token:    token,
-		acquired: start,
-		lost:     make(chan struct{}),
-		id:       id,
-		ttl:      ttl,
-		secs:     seconds(ttl),
-		monDone:  make(chan struct{}),
+		locker:  l,
+		name:    name,
+		key:     key,
+		token:   token,
+		id:      id,
+		secs:    seconds(ttl),
+		monDone: make(chan struct{}),
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	lease.mu.Lock() // the timer may fire before the assignment is done
-	lease.deadline = deadline
-	lease.expiry = time.AfterFunc(time.Until(deadline), lease.lose)
+	lease.life.Lock()
 	lease.stopMon = cancel
-	lease.mu.Unlock()
+	lease.life.Unlock()
+	lease.life.Init(ttl, start, deadline, nil, lease.lose)
 	go lease.monitor(ctx, seen+1)
 	return lease
 }
@@ -97,11 +80,7 @@ func (l *Lease) Key() string { return l.name }
 // and no later than KeepAlive's cap. The server frees the lock no sooner:
 // it counts the etcd lease's TTL, the lease length rounded up to whole
 // seconds, from the request's arrival.
-func (l *Lease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
-}
+func (l *Lease) Deadline() time.Time { return l.life.Deadline() }
 
 // Lost returns a channel that is closed when the lease is known to be
 // lost: its key was deleted (its etcd lease revoked, or run out on the
@@ -111,7 +90,7 @@ func (l *Lease) Deadline() time.Time {
 // etcd answers), so the next owner need not wait for the server's TTL.
 // Release does not close it. Once closed, the lease stays lost: stop the
 // protected work and call Release.
-func (l *Lease) Lost() <-chan struct{} { return l.lost }
+func (l *Lease) Lost() <-chan struct{} { return l.life.Lost() }
 
 // monitor watches the lease's key, from revision from on, until it is
 // deleted (the lease is lost then), the lease ends or the client closes.
@@ -142,7 +121,7 @@ func (l *Lease) monitor(ctx context.Context, from int64) {
 		}
 		// The watch ended with an error (no leader, compaction): pause,
 		// check that the key is still this lease's, and watch again.
-		pause.Reset(jitter(100 * time.Millisecond))
+		pause.Reset(lease.Jitter(100 * time.Millisecond))
 		select {
 		case <-ctx.Done():
 			return
@@ -169,18 +148,16 @@ func (l *Lease) monitor(ctx context.Context, from int64) {
 // was called: Release does not close Lost (its own deletion of the key
 // reaches the monitor too).
 func (l *Lease) lose() {
-	l.mu.Lock()
-	if l.isLost || l.released {
-		l.mu.Unlock()
+	l.life.Lock()
+	if l.life.GoneLocked() {
+		l.life.Unlock()
 		return
 	}
-	l.isLost = true
-	close(l.lost)
-	l.expiry.Stop()
+	l.life.LoseLocked()
 	l.stopMon()
 	id := l.id
-	l.bg.Add(1) // under mu, before Release can wait for it
-	l.mu.Unlock()
+	l.bg.Add(1) // under the lock, before Release can wait for it
+	l.life.Unlock()
 	defer l.bg.Done()
 	l.locker.revoke(id)
 }
@@ -216,10 +193,10 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 func (l *Lease) extend(ctx context.Context, ttl time.Duration, capAt time.Time) error {
 	l.op.Lock()
 	defer l.op.Unlock()
-	l.mu.Lock()
-	gone := l.isLost || l.released
-	id, secs, deadline := l.id, l.secs, l.deadline
-	l.mu.Unlock()
+	l.life.Lock()
+	gone := l.life.GoneLocked()
+	id, secs, deadline := l.id, l.secs, l.life.DeadlineLocked()
+	l.life.Unlock()
 	if gone {
 		return fmt.Errorf("%w: %q", herd.ErrLeaseLost, l.name)
 	}
@@ -264,18 +241,16 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration, capAt time.Time) 
 		}
 		next = g.ID
 	}
-	end := start.Add(ttl - drift(ttl))
+	end := start.Add(ttl - lease.Drift(ttl))
 	if !capAt.IsZero() && end.After(capAt) {
 		end = capAt
 	}
-	l.mu.Lock()
-	lost := l.isLost || l.released
+	l.life.Lock()
+	lost := !l.life.RenewedLocked(end, ttl)
 	if !lost {
-		l.id, l.secs, l.ttl = next, want, ttl
-		l.deadline = end
-		l.expiry.Reset(time.Until(end))
+		l.id, l.secs = next, want
 	}
-	l.mu.Unlock()
+	l.life.Unlock()
 	if next != id {
 		l.locker.revoke(id) // holds no key now
 		if lost {
@@ -327,85 +302,21 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released || l.watch != nil {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watchdog{ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	l.watch = w
-	var capAt time.Time
-	if maxHold > 0 {
-		capAt = l.acquired.Add(maxHold)
-		if l.deadline.After(capAt) {
-			l.deadline = capAt
-			l.expiry.Reset(time.Until(capAt))
-		}
-	}
-	go l.renew(w, capAt)
-}
-
-// renew is the watchdog loop.
-func (l *Lease) renew(w *watchdog, capAt time.Time) {
-	defer close(w.done)
-	timer := time.NewTimer(time.Hour)
-	defer timer.Stop()
-	wait := func(d time.Duration) bool {
-		timer.Reset(d)
-		select {
-		case <-w.ctx.Done():
-			return false
-		case <-l.lost:
-			return false
-		case <-timer.C:
-			return true
-		}
-	}
-	for {
-		l.mu.Lock()
-		ttl := l.ttl
-		l.mu.Unlock()
-		if !wait(ttl/3 + rand.N(ttl/6+1)) {
-			return
-		}
-		retry := min(max(ttl/20, time.Millisecond), 50*time.Millisecond)
-		for {
-			err := l.extend(w.ctx, ttl, capAt)
-			if err == nil {
-				break
-			}
-			if errors.Is(err, herd.ErrLeaseLost) || w.ctx.Err() != nil || time.Until(l.Deadline()) <= 0 {
-				return
-			}
-			if !wait(jitter(retry)) {
-				return
-			}
-		}
-		if !capAt.IsZero() && !l.Deadline().Before(capAt) {
-			return // renewed up to the cap: the expiry revokes it there
-		}
-	}
-}
-
-// stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
-func (l *Lease) stopWatchdog() {
-	l.mu.Lock()
-	w := l.watch
-	l.watch = nil
-	l.mu.Unlock()
-	if w != nil {
-		w.cancel()
-		<-w.done
-	}
+	l.life.KeepAlive(context.Background(), maxHold, func(ctx context.Context, capAt time.Time) {
+		l.life.Renew(ctx, capAt, lease.Renewal{
+			Extend: func(ctx context.Context, d time.Duration) error { return l.extend(ctx, d, capAt) },
+			Final:  func(err error) bool { return errors.Is(err, herd.ErrLeaseLost) },
+			Uncut:  true,
+		})
+	})
 }
 
 // stopMonitor stops the watch of the lease's key and waits for it, and
 // for lose's revokes.
 func (l *Lease) stopMonitor() {
-	l.mu.Lock()
+	l.life.Lock()
 	l.stopMon()
-	l.mu.Unlock()
+	l.life.Unlock()
 	<-l.monDone
 	l.bg.Wait()
 }
@@ -432,15 +343,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.rel.Lock()
 	defer l.rel.Unlock()
-	l.mu.Lock()
-	l.released = true
-	freed, lost := l.freed, l.isLost
-	l.expiry.Stop()
-	l.mu.Unlock()
+	freed, lost, _ := l.life.Release()
 	if freed {
 		return nil
 	}
-	l.stopWatchdog()
+	l.life.StopWatchdog()
 	l.op.Lock()
 	defer l.op.Unlock()
 	if lost {
@@ -450,9 +357,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	cli := l.locker.cli
-	l.mu.Lock()
+	l.life.Lock()
 	id := l.id
-	l.mu.Unlock()
+	l.life.Unlock()
 	resp, err := cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.CreateRevision(l.key), "=", int64(l.token))).
 		Then(clientv3.OpDelete(l.key)).Commit()
@@ -467,9 +374,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		return fmt.Errorf("%w: %q: its key was gone", herd.ErrLeaseLost, l.name)
 	}
 	l.stopMonitor()
-	l.mu.Lock()
-	l.freed = true
-	l.mu.Unlock()
+	l.life.Freed()
 	return nil
 }
 

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/url"
 	"sync"
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -257,7 +257,7 @@ func (l *Locker) try(ctx context.Context, name string, ttl time.Duration) (*Leas
 // seen at the head of its queue at revision seen, after a grant or
 // renewal of its etcd lease sent at start.
 func (l *Locker) held(name, key string, id clientv3.LeaseID, ttl time.Duration, token, seen int64, start time.Time) (*Lease, error) {
-	deadline := start.Add(ttl - drift(ttl))
+	deadline := start.Add(ttl - lease.Drift(ttl))
 	if time.Until(deadline) <= 0 {
 		l.revoke(id)
 		return nil, fmt.Errorf("%w: %q: the acquire's reply came after the lease's validity", herd.ErrLeaseHeld, name)
@@ -310,20 +310,6 @@ func (l *Locker) callErr(ctx context.Context, name string, err error) error {
 		return err
 	}
 	return fmt.Errorf("herd: acquire %q: %w", name, err)
-}
-
-// drift is the allowance for the difference between the local clock and
-// the server's: 1% of the lease plus 2ms.
-func drift(ttl time.Duration) time.Duration {
-	return ttl/100 + 2*time.Millisecond
-}
-
-// jitter returns d scaled by a random factor in [0.75, 1.25).
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	return d*3/4 + rand.N(d/2+1)
 }
 
 // Locker satisfies herd's lock interface.

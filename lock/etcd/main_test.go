@@ -192,7 +192,7 @@ func testName(t testing.TB) string {
 
 // etcdLease returns the ID of lease's current etcd lease.
 func etcdLease(lease *Lease) clientv3.LeaseID {
-	lease.mu.Lock()
-	defer lease.mu.Unlock()
+	lease.life.Lock()
+	defer lease.life.Unlock()
 	return lease.id
 }

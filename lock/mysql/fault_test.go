@@ -301,9 +301,7 @@ func TestStalledHolderExpires(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Release(ctx)
-	held.mu.Lock()
-	held.expiry.Stop() // the local deadline would release it: the process is "frozen"
-	held.mu.Unlock()
+	held.life.StopExpiry() // the local deadline would release it: the process is "frozen"
 	held.connMu.Lock() // no check, no renewal: the session goes silent
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

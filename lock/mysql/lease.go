@@ -5,12 +5,12 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"github.com/herdkit/herd/leasewatch"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 )
 
 // Lease is one holding of a [Locker]'s lock: a named lock on a connection
@@ -32,10 +32,8 @@ type Lease struct {
 	id       int64  // the session's CONNECTION_ID()
 	idle     int64  // the session's wait_timeout before the lease
 	token    uint64
-	ttl      time.Duration
-	acquired time.Time
 	conn     *sql.Conn
-	lost     chan struct{}
+	life     lease.State   // deadline, Lost, release and watchdog
 	stop     chan struct{} // closed when the connection is ended: stops the checker
 	checking chan struct{} // closed when the checker ends
 
@@ -43,20 +41,6 @@ type Lease struct {
 	ended  bool       // conn is closed: no statement may start
 
 	rel sync.Mutex // serialises Release: a second call sees the first's outcome
-
-	mu       sync.Mutex // guards the fields below
-	deadline time.Time
-	expiry   *time.Timer
-	isLost   bool
-	released bool // Release was called
-	freed    bool // a Release unlocked it
-	watch    *watchdog
-}
-
-type watchdog struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
 }
 
 func newLease(l *Locker, a *attempt, key string, token uint64, ttl time.Duration, deadline time.Time) *Lease {
@@ -67,17 +51,11 @@ func newLease(l *Locker, a *attempt, key string, token uint64, ttl time.Duration
 		id:       a.id,
 		idle:     a.idle,
 		token:    token,
-		ttl:      ttl,
-		acquired: a.start,
 		conn:     a.conn,
-		lost:     make(chan struct{}),
 		stop:     make(chan struct{}),
 		checking: make(chan struct{}),
 	}
-	lease.mu.Lock() // the timer may fire before the assignment is done
-	lease.deadline = deadline
-	lease.expiry = time.AfterFunc(time.Until(deadline), lease.lose)
-	lease.mu.Unlock()
+	lease.life.Init(ttl, a.start, deadline, nil, lease.lose)
 	go lease.check(l.cfg.check)
 	return lease
 }
@@ -106,11 +84,7 @@ func (l *Lease) ConnectionID() int64 { return l.id }
 // length, less an allowance for clock drift. The server frees the lock no
 // sooner: its wait_timeout, the lease length rounded up to whole
 // seconds, counts from the end of the last statement on the connection.
-func (l *Lease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
-}
+func (l *Lease) Deadline() time.Time { return l.life.Deadline() }
 
 // Lost returns a channel that is closed when the lease is known to be
 // lost: a check found its session ended or no longer holding the lock
@@ -120,7 +94,7 @@ func (l *Lease) Deadline() time.Time {
 // at once, so the next owner need not wait for the server's
 // wait_timeout. Release does not close it. Once closed, the lease stays
 // lost: stop the protected work and call Release.
-func (l *Lease) Lost() <-chan struct{} { return l.lost }
+func (l *Lease) Lost() <-chan struct{} { return l.life.Lost() }
 
 // errEnded is what use returns once the connection ended.
 var errEnded = errors.New("the lease's connection ended")
@@ -210,19 +184,7 @@ func (l *Lease) lose() {
 
 // markLost closes Lost; it reports whether this call did, with the lease
 // not released.
-func (l *Lease) markLost() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost {
-		return false
-	}
-	l.isLost = true
-	close(l.lost)
-	if l.expiry != nil {
-		l.expiry.Stop()
-	}
-	return !l.released
-}
+func (l *Lease) markLost() bool { return l.life.Lose() }
 
 // Extend sets the lease's remaining time to ttl: it sets the session's
 // wait_timeout to ttl rounded up to whole seconds, which also restarts
@@ -248,11 +210,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // extend is Extend without the range check, for KeepAlive's capped last
 // renewal, which may be shorter than a lease may be acquired for.
 func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
-	l.mu.Lock()
-	gone := l.isLost || l.released
-	deadline := l.deadline
-	l.mu.Unlock()
-	if gone {
+	deadline := l.life.Deadline()
+	if l.life.Gone() {
 		return fmt.Errorf("%w: %q", herd.ErrLeaseLost, l.key)
 	}
 	if err := ctx.Err(); err != nil {
@@ -271,14 +230,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 		l.lose()
 		return fmt.Errorf("%w: %q: %w", herd.ErrLeaseLost, l.key, err)
 	}
-	next := start.Add(ttl - drift(ttl))
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released {
+	if !l.life.Renewed(start.Add(ttl - lease.Drift(ttl))) {
 		return fmt.Errorf("%w: %q: its deadline passed or it was released while extending", herd.ErrLeaseLost, l.key)
 	}
-	l.deadline = next
-	l.expiry.Reset(time.Until(next))
 	return nil
 }
 
@@ -298,45 +252,13 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released || l.watch != nil {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watchdog{ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	l.watch = w
-	var capAt time.Time
-	if maxHold > 0 {
-		capAt = l.acquired.Add(maxHold)
-		// A cap before the lease's end ends it there, even before the
-		// first renewal is due.
-		if l.deadline.After(capAt) {
-			l.deadline = capAt
-			l.expiry.Reset(time.Until(capAt))
-		}
-	}
-	go l.renew(w, capAt)
+	l.life.KeepAlive(context.Background(), maxHold, func(ctx context.Context, capAt time.Time) {
+		l.life.Renew(ctx, capAt, lease.Renewal{Extend: l.extend, Final: lostErr})
+	})
 }
 
-// renew is the watchdog loop: herd's shared KeepAlive loop on this
-// lease.
-func (l *Lease) renew(w *watchdog, capAt time.Time) {
-	defer close(w.done)
-	leasewatch.Renew(w.ctx, l.lost, l.ttl, capAt, l.Deadline, l.extend)
-}
-
-// stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
-func (l *Lease) stopWatchdog() {
-	l.mu.Lock()
-	w := l.watch
-	l.watch = nil
-	l.mu.Unlock()
-	if w != nil {
-		w.cancel()
-		<-w.done
-	}
-}
+// lostErr reports whether a renewal's error is the lease's loss.
+func lostErr(err error) bool { return errors.Is(err, herd.ErrLeaseLost) }
 
 // releaseTimeout bounds Release's statement.
 const releaseTimeout = 5 * time.Second
@@ -362,17 +284,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.rel.Lock()
 	defer l.rel.Unlock()
-	l.mu.Lock()
-	l.released = true
-	freed, lost := l.freed, l.isLost
-	if l.expiry != nil {
-		l.expiry.Stop()
-	}
-	l.mu.Unlock()
+	freed, lost, _ := l.life.Release()
 	if freed {
 		return nil
 	}
-	l.stopWatchdog()
+	l.life.StopWatchdog()
 	defer func() { <-l.checking }()
 	if lost {
 		_, _ = l.end(ctx, false)
@@ -389,9 +305,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	case !ok:
 		return fmt.Errorf("%w: %q: the session no longer held it", herd.ErrLeaseLost, l.key)
 	}
-	l.mu.Lock()
-	l.freed = true
-	l.mu.Unlock()
+	l.life.Freed()
 	return nil
 }
 

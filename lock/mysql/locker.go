@@ -15,6 +15,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 )
 
 // Options configures a [Locker]. A nil *Options, and every zero field,
@@ -594,7 +595,7 @@ func (l *Locker) finish(ctx context.Context, a *attempt, key string, ttl time.Du
 		discard(a.conn)
 		return nil, l.callErr(ctx, key, fmt.Errorf("take the token: %w", err))
 	}
-	deadline := a.start.Add(ttl - drift(ttl))
+	deadline := a.start.Add(ttl - lease.Drift(ttl))
 	if time.Until(deadline) <= 0 {
 		discard(a.conn)
 		return nil, fmt.Errorf("%w: %q: the acquire's reply came after the lease's validity", herd.ErrLeaseHeld, key)
@@ -667,12 +668,6 @@ func (l *Locker) callErr(ctx context.Context, key string, err error) error {
 		return fmt.Errorf("herd: acquire %q: %w", key, errors.Join(context.Cause(ctx), err))
 	}
 	return fmt.Errorf("herd: acquire %q: %w", key, err)
-}
-
-// drift is the allowance for the difference between the local clock and
-// the server's: 1% of the lease plus 2ms.
-func drift(ttl time.Duration) time.Duration {
-	return ttl/100 + 2*time.Millisecond
 }
 
 // Locker satisfies herd's lock interface.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/herdkit/herd/leasewatch"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -30,11 +30,9 @@ type Lease struct {
 	name     string
 	key      int64
 	token    uint64
-	ttl      time.Duration
-	acquired time.Time
 	conn     *pgx.Conn
-	lost     chan struct{}
 	watching chan struct{} // closed when the connection's watcher ends
+	life     lease.State   // deadline, Lost, release and watchdog
 
 	rel sync.Mutex // serialises Release: a second call sees the first's outcome
 
@@ -44,39 +42,21 @@ type Lease struct {
 	wanted    int        // statements waiting for conn
 	stopWatch context.CancelFunc
 	ended     bool // conn is closed or closing: no statement may start
-	deadline  time.Time
-	expiry    *time.Timer
-	isLost    bool
-	released  bool // Release was called
-	freed     bool // a Release unlocked it
-	watch     *watchdog
-}
-
-type watchdog struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
 }
 
 func newLease(l *Locker, c *pgx.Conn, name string, key int64, token uint64, ttl time.Duration, start, deadline time.Time) *Lease {
-	lease := &Lease{
+	held := &Lease{
 		locker:   l,
 		name:     name,
 		key:      key,
 		token:    token,
-		ttl:      ttl,
-		acquired: start,
 		conn:     c,
-		lost:     make(chan struct{}),
 		watching: make(chan struct{}),
 	}
-	lease.cond = sync.NewCond(&lease.mu)
-	lease.mu.Lock() // the timer may fire before the assignment is done
-	lease.deadline = deadline
-	lease.expiry = time.AfterFunc(time.Until(deadline), lease.lose)
-	lease.mu.Unlock()
-	go lease.watchConn()
-	return lease
+	held.cond = sync.NewCond(&held.mu)
+	held.life.Init(ttl, start, deadline, nil, held.lose)
+	go held.watchConn()
+	return held
 }
 
 // Token returns the lease's fencing token, taken from the fence table
@@ -98,11 +78,7 @@ func (l *Lease) Key() string { return l.name }
 // the acquire or last successful extend was sent before it by the lease
 // length, less an allowance for clock drift. The server frees the lock no
 // sooner: its idle limit counts from the end of that statement.
-func (l *Lease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
-}
+func (l *Lease) Deadline() time.Time { return l.life.Deadline() }
 
 // Lost returns a channel that is closed when the lease is known to be
 // lost: its connection ended (see [Lease]), its deadline passed without a
@@ -111,7 +87,7 @@ func (l *Lease) Deadline() time.Time {
 // connection is still up is unlocked at once, so the next owner need not
 // wait for the server's idle limit. Release does not close it. Once
 // closed, the lease stays lost: stop the protected work and call Release.
-func (l *Lease) Lost() <-chan struct{} { return l.lost }
+func (l *Lease) Lost() <-chan struct{} { return l.life.Lost() }
 
 // errEnded is what use returns once the connection ended.
 var errEnded = errors.New("the lease's connection ended")
@@ -233,19 +209,7 @@ func (l *Lease) lose() {
 
 // markLost closes Lost; it reports whether this call did, with the lease
 // not released.
-func (l *Lease) markLost() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost {
-		return false
-	}
-	l.isLost = true
-	close(l.lost)
-	if l.expiry != nil {
-		l.expiry.Stop()
-	}
-	return !l.released
-}
+func (l *Lease) markLost() bool { return l.life.Lose() }
 
 // Extend sets the lease's remaining time to ttl: it sets the session's
 // idle limit to ttl, which also restarts it, and moves Deadline to ttl
@@ -271,11 +235,8 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // extend is Extend without the range check, for KeepAlive's capped last
 // renewal, which may be shorter than a lease may be acquired for.
 func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
-	l.mu.Lock()
-	gone := l.isLost || l.released
-	deadline := l.deadline
-	l.mu.Unlock()
-	if gone {
+	deadline := l.life.Deadline()
+	if l.life.Gone() {
 		return fmt.Errorf("%w: %q", herd.ErrLeaseLost, l.name)
 	}
 	if err := ctx.Err(); err != nil {
@@ -297,14 +258,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 		}
 		return fmt.Errorf("herd: extend lease %q: %w", l.name, err)
 	}
-	next := start.Add(ttl - drift(ttl))
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released {
+	if !l.life.Renewed(start.Add(ttl - lease.Drift(ttl))) {
 		return fmt.Errorf("%w: %q: its deadline passed or it was released while extending", herd.ErrLeaseLost, l.name)
 	}
-	l.deadline = next
-	l.expiry.Reset(time.Until(next))
 	return nil
 }
 
@@ -324,45 +280,13 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released || l.watch != nil {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watchdog{ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	l.watch = w
-	var capAt time.Time
-	if maxHold > 0 {
-		capAt = l.acquired.Add(maxHold)
-		// A cap before the lease's end ends it there, even before the
-		// first renewal is due.
-		if l.deadline.After(capAt) {
-			l.deadline = capAt
-			l.expiry.Reset(time.Until(capAt))
-		}
-	}
-	go l.renew(w, capAt)
+	l.life.KeepAlive(context.Background(), maxHold, func(ctx context.Context, capAt time.Time) {
+		l.life.Renew(ctx, capAt, lease.Renewal{Extend: l.extend, Final: lostErr})
+	})
 }
 
-// renew is the watchdog loop: herd's shared KeepAlive loop on this
-// lease.
-func (l *Lease) renew(w *watchdog, capAt time.Time) {
-	defer close(w.done)
-	leasewatch.Renew(w.ctx, l.lost, l.ttl, capAt, l.Deadline, l.extend)
-}
-
-// stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
-func (l *Lease) stopWatchdog() {
-	l.mu.Lock()
-	w := l.watch
-	l.watch = nil
-	l.mu.Unlock()
-	if w != nil {
-		w.cancel()
-		<-w.done
-	}
-}
+// lostErr reports whether a renewal's error is the lease's loss.
+func lostErr(err error) bool { return errors.Is(err, herd.ErrLeaseLost) }
 
 // releaseTimeout bounds Release's statement.
 const releaseTimeout = 5 * time.Second
@@ -385,17 +309,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.rel.Lock()
 	defer l.rel.Unlock()
-	l.mu.Lock()
-	l.released = true
-	freed, lost := l.freed, l.isLost
-	if l.expiry != nil {
-		l.expiry.Stop()
-	}
-	l.mu.Unlock()
+	freed, lost, _ := l.life.Release()
 	if freed {
 		return nil
 	}
-	l.stopWatchdog()
+	l.life.StopWatchdog()
 	if lost {
 		_, _ = l.end(ctx, false)
 		return fmt.Errorf("%w: %q: it was lost before release", herd.ErrLeaseLost, l.name)
@@ -409,9 +327,7 @@ func (l *Lease) Release(ctx context.Context) error {
 	case !ok:
 		return fmt.Errorf("%w: %q: the session no longer held it", herd.ErrLeaseLost, l.name)
 	}
-	l.mu.Lock()
-	l.freed = true
-	l.mu.Unlock()
+	l.life.Freed()
 	return nil
 }
 

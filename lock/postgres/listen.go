@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdkit/herd/internal/lease"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -109,7 +110,7 @@ func (ln *listener) run() {
 			backoff = 10 * time.Millisecond
 		}
 		backoff = min(2*backoff, time.Second)
-		timer.Reset(jitter(backoff))
+		timer.Reset(lease.Jitter(backoff))
 	}
 }
 

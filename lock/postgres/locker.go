@@ -6,12 +6,12 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
@@ -344,9 +344,9 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 	key := lockKey(name)
 	bctx, cancel := l.bound(ctx)
 	defer cancel()
-	lease, err := l.try(bctx, name, key, ttl)
-	if lease != nil || !errors.Is(err, herd.ErrLeaseHeld) {
-		return lease, l.acquireErr(ctx, name, err)
+	got, err := l.try(bctx, name, key, ttl)
+	if got != nil || !errors.Is(err, herd.ErrLeaseHeld) {
+		return got, l.acquireErr(ctx, name, err)
 	}
 
 	maxWait := l.cfg.maxWait
@@ -376,11 +376,11 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 			backoff = l.cfg.pollMin
 		case <-poll.C:
 		}
-		lease, err = l.try(bctx, name, key, ttl)
-		if lease != nil || !errors.Is(err, herd.ErrLeaseHeld) {
-			return lease, l.acquireErr(ctx, name, err)
+		got, err = l.try(bctx, name, key, ttl)
+		if got != nil || !errors.Is(err, herd.ErrLeaseHeld) {
+			return got, l.acquireErr(ctx, name, err)
 		}
-		poll.Reset(jitter(backoff))
+		poll.Reset(lease.Jitter(backoff))
 		backoff = min(2*backoff, l.cfg.pollMax)
 	}
 }
@@ -434,7 +434,7 @@ func (l *Locker) try(ctx context.Context, name string, key int64, ttl time.Durat
 		closeConn(c)
 		return nil, l.callErr(ctx, name, fmt.Errorf("take the token: %w", err))
 	}
-	deadline := start.Add(ttl - drift(ttl))
+	deadline := start.Add(ttl - lease.Drift(ttl))
 	if time.Until(deadline) <= 0 {
 		closeConn(c)
 		return nil, fmt.Errorf("%w: %q: the acquire's reply came after the lease's validity", herd.ErrLeaseHeld, name)
@@ -556,20 +556,6 @@ func (l *Locker) hint(key int64, pid uint32) {
 		timer.Reset(wait)
 		wait = min(2*wait, 100*time.Millisecond)
 	}
-}
-
-// drift is the allowance for the difference between the local clock and
-// the server's: 1% of the lease plus 2ms.
-func drift(ttl time.Duration) time.Duration {
-	return ttl/100 + 2*time.Millisecond
-}
-
-// jitter returns d scaled by a random factor in [0.75, 1.25).
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	return d*3/4 + rand.N(d/2+1)
 }
 
 // Locker satisfies herd's lock interface.

@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/herdkit/herd/leasewatch"
 	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 )
 
 // Lease is one holding of a [Locker]'s lock: the lowest node of the
@@ -30,29 +30,16 @@ type Lease struct {
 	node     string
 	token    uint64
 	version  int32
-	ttl      time.Duration
 	timeout  time.Duration // the session's, fixed at the acquire
-	acquired time.Time
-	lost     chan struct{}
 	stop     chan struct{} // closed by Release: the node watcher ends
 	watching chan struct{} // closed when the node watcher ends
 
 	rel sync.Mutex // serialises Release: a second call sees the first's outcome
 
-	mu       sync.Mutex
-	end      time.Time // the lease's own deadline: Lost closes then
-	valid    time.Time // the session's known validity (see Deadline)
-	expiry   *time.Timer
-	isLost   bool
-	released bool
-	freed    bool
-	watch    *watchdog
-}
-
-type watchdog struct {
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
+	// life's deadline is the lease's own end: Lost closes then. Its lock
+	// also guards valid.
+	life  lease.State
+	valid time.Time // the session's known validity (see Deadline)
 }
 
 func newLease(a *attempt, token uint64, version int32, ev <-chan zk.Event, start time.Time) (*Lease, error) {
@@ -64,23 +51,20 @@ func newLease(a *attempt, token uint64, version int32, ev <-chan zk.Event, start
 		node:     a.node,
 		token:    token,
 		version:  version,
-		ttl:      a.ttl,
 		timeout:  timeout,
-		acquired: start,
-		lost:     make(chan struct{}),
 		stop:     make(chan struct{}),
 		watching: make(chan struct{}),
 	}
-	end := start.Add(a.ttl - drift(a.ttl))
+	end := start.Add(a.ttl - lease.Drift(a.ttl))
 	if time.Until(end) <= 0 {
 		return nil, fmt.Errorf("%w: %q: the acquire's reply came after the lease's validity", herd.ErrLeaseHeld, a.name)
 	}
-	l.mu.Lock() // the timer may fire before the assignment is done
-	l.end, l.valid = end, start.Add(timeout-drift(timeout))
-	l.expiry = time.AfterFunc(time.Until(end), l.lose)
-	l.mu.Unlock()
+	l.life.Lock()
+	l.valid = start.Add(timeout - lease.Drift(timeout))
+	l.life.Unlock()
+	l.life.Init(a.ttl, start, end, nil, l.lose)
 	if !a.s.hold(l.connLost) {
-		l.expiry.Stop()
+		l.life.StopExpiry()
 		return nil, zk.ErrConnectionClosed
 	}
 	go l.watchNode(ev)
@@ -90,10 +74,7 @@ func newLease(a *attempt, token uint64, version int32, ev <-chan zk.Event, start
 // abandon ends a lease that its Acquire could not hand out (its context
 // ended at the last moment): its session is closed, which frees the lock.
 func (l *Lease) abandon() {
-	l.mu.Lock()
-	l.released = true
-	l.expiry.Stop()
-	l.mu.Unlock()
+	l.life.Release()
 	close(l.stop)
 	l.s.close()
 	<-l.watching
@@ -125,12 +106,12 @@ func (l *Lease) Node() string { return l.node }
 // the lease's own end, when Lost closes, past Deadline: the session still
 // ends a lease length after the holder stops talking to the server.
 func (l *Lease) Deadline() time.Time {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.valid.Before(l.end) {
-		return l.valid
+	l.life.Lock()
+	defer l.life.Unlock()
+	if end := l.life.DeadlineLocked(); !l.valid.Before(end) {
+		return end
 	}
-	return l.end
+	return l.valid
 }
 
 // Lost returns a channel that is closed when the lease is known to be
@@ -140,21 +121,11 @@ func (l *Lease) Deadline() time.Time {
 // renewal found it gone, or [Lease.KeepAlive] reached its cap. Release
 // does not close it. Once closed, the lease stays lost: stop the
 // protected work and call Release.
-func (l *Lease) Lost() <-chan struct{} { return l.lost }
+func (l *Lease) Lost() <-chan struct{} { return l.life.Lost() }
 
 // markLost closes Lost; it reports whether this call did, with the lease
 // not released.
-func (l *Lease) markLost() bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost {
-		return false
-	}
-	l.isLost = true
-	close(l.lost)
-	l.expiry.Stop()
-	return !l.released
-}
+func (l *Lease) markLost() bool { return l.life.Lose() }
 
 // lose marks the lease lost and closes its session, which deletes the
 // node: its deadline passed or KeepAlive's cap was reached.
@@ -188,10 +159,7 @@ func (l *Lease) watchNode(ev <-chan zk.Event) {
 					continue
 				}
 			}
-			l.mu.Lock()
-			released := l.released
-			l.mu.Unlock()
-			if !released {
+			if !l.life.Released() {
 				l.connLost()
 			}
 			return
@@ -224,10 +192,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 // extend is Extend without the range check, for KeepAlive's capped last
 // renewal.
 func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
-	l.mu.Lock()
-	gone := l.isLost || l.released
-	l.mu.Unlock()
-	if gone {
+	if l.life.Gone() {
 		return fmt.Errorf("%w: %q", herd.ErrLeaseLost, l.name)
 	}
 	if err := ctx.Err(); err != nil {
@@ -246,14 +211,12 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 		l.lose()
 		return fmt.Errorf("%w: %q: its node is gone", herd.ErrLeaseLost, l.name)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released {
+	l.life.Lock()
+	defer l.life.Unlock()
+	if !l.life.RenewedLocked(start.Add(ttl-lease.Drift(ttl)), 0) {
 		return fmt.Errorf("%w: %q: it was lost or released while extending", herd.ErrLeaseLost, l.name)
 	}
-	l.end = start.Add(ttl - drift(ttl))
-	l.valid = start.Add(l.timeout - drift(l.timeout))
-	l.expiry.Reset(time.Until(l.end))
+	l.valid = start.Add(l.timeout - lease.Drift(l.timeout))
 	return nil
 }
 
@@ -274,45 +237,15 @@ func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.isLost || l.released || l.watch != nil {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	w := &watchdog{ctx: ctx, cancel: cancel, done: make(chan struct{})}
-	l.watch = w
-	var capAt time.Time
-	if maxHold > 0 {
-		capAt = l.acquired.Add(maxHold)
-		// A cap before the lease's end ends it there, even before the
-		// first renewal is due.
-		if l.end.After(capAt) {
-			l.end = capAt
-			l.expiry.Reset(time.Until(capAt))
-		}
-	}
-	go l.renew(w, capAt)
+	// A cap before the lease's end ends it there, even before the first
+	// renewal is due.
+	l.life.KeepAlive(context.Background(), maxHold, func(ctx context.Context, capAt time.Time) {
+		l.life.Renew(ctx, capAt, lease.Renewal{Extend: l.extend, Final: lostErr, Valid: l.Deadline})
+	})
 }
 
-// renew is the watchdog loop: herd's shared KeepAlive loop on this
-// lease.
-func (l *Lease) renew(w *watchdog, capAt time.Time) {
-	defer close(w.done)
-	leasewatch.Renew(w.ctx, l.lost, l.ttl, capAt, l.Deadline, l.extend)
-}
-
-// stopWatchdog stops the KeepAlive goroutine, if any, and waits for it.
-func (l *Lease) stopWatchdog() {
-	l.mu.Lock()
-	w := l.watch
-	l.watch = nil
-	l.mu.Unlock()
-	if w != nil {
-		w.cancel()
-		<-w.done
-	}
-}
+// lostErr reports whether a renewal's error is the lease's loss.
+func lostErr(err error) bool { return errors.Is(err, herd.ErrLeaseLost) }
 
 // Release stops the watchdog, if any, and deletes the lease's node with
 // its version: only this lease's node, whose name carries the attempt's
@@ -331,16 +264,11 @@ func (l *Lease) Release(ctx context.Context) error {
 	}
 	l.rel.Lock()
 	defer l.rel.Unlock()
-	l.mu.Lock()
-	first := !l.released
-	l.released = true
-	freed, lost := l.freed, l.isLost
-	l.expiry.Stop()
-	l.mu.Unlock()
+	freed, lost, first := l.life.Release()
 	if freed {
 		return nil
 	}
-	l.stopWatchdog()
+	l.life.StopWatchdog()
 	if lost {
 		if first {
 			close(l.stop)
@@ -362,9 +290,7 @@ func (l *Lease) Release(ctx context.Context) error {
 		}
 		return fmt.Errorf("%w: release lease %q: %w (its session is closed, which frees the lock)", herd.ErrLeaseLost, l.name, err)
 	}
-	l.mu.Lock()
-	l.freed = true
-	l.mu.Unlock()
+	l.life.Freed()
 	l.locker.putBack(l.s)
 	return nil
 }

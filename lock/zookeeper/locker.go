@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net"
 	"path"
 	"strconv"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/go-zookeeper/zk"
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/lease"
 )
 
 // Options configures a [Locker]. A nil *Options, and every zero field,
@@ -535,7 +535,7 @@ func (a *attempt) run(ctx context.Context, wait bool) (*Lease, error) {
 	// a pause, the start of the next look at the queue, which comes before
 	// the lock can have become this attempt's.
 	pause := func(ev <-chan zk.Event) error {
-		recheck.Reset(jitter(a.l.cfg.recheck))
+		recheck.Reset(lease.Jitter(a.l.cfg.recheck))
 		select {
 		case <-ctx.Done():
 			return context.Cause(ctx)
@@ -757,20 +757,6 @@ func sequence(name string) (int64, bool) {
 	}
 	n, err := strconv.ParseInt(name[i+len("-lock-"):], 10, 64)
 	return n, err == nil
-}
-
-// drift is the allowance for the difference between the local clock and
-// the server's: 1% of the lease plus 2ms.
-func drift(ttl time.Duration) time.Duration {
-	return ttl/100 + 2*time.Millisecond
-}
-
-// jitter returns d scaled by a random factor in [0.75, 1.25).
-func jitter(d time.Duration) time.Duration {
-	if d <= 0 {
-		return d
-	}
-	return d*3/4 + rand.N(d/2+1)
 }
 
 // Locker satisfies herd's lock interface.
