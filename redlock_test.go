@@ -355,7 +355,7 @@ func TestRedlockRestartRule(t *testing.T) {
 		if _, err := rb.TryAcquire(ctx, testKey(t), ttl); !errors.Is(err, ErrLeaseHeld) {
 			t.Fatalf("B while master 2 is out: %v, want ErrLeaseHeld", err)
 		}
-		<-a.Lost()                                  // A's validity is over
+		<-a.Lost()                                         // A's validity is over
 		time.Sleep(time.Until(a.life.Acquired().Add(ttl))) // and its leases have expired on every master
 		g.srvs[2].Restart(t)
 		b, err := rb.Acquire(ctx, testKey(t), ttl)

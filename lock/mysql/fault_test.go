@@ -302,7 +302,7 @@ func TestStalledHolderExpires(t *testing.T) {
 	}
 	defer held.Release(ctx)
 	held.life.StopExpiry() // the local deadline would release it: the process is "frozen"
-	held.connMu.Lock() // no check, no renewal: the session goes silent
+	held.connMu.Lock()     // no check, no renewal: the session goes silent
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	next, err := b.Acquire(wctx, name, 20*time.Second)
