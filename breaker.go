@@ -2,6 +2,7 @@ package herd
 
 import (
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -90,4 +91,24 @@ func (b *breaker) failure() (opened bool) {
 	}
 	b.probing = false
 	return opened
+}
+
+// redisFailed records an infrastructure error with the breaker.
+func (c *Cache) redisFailed(err error) {
+	if !isInfraError(err) {
+		return
+	}
+	if c.brk.failure() {
+		c.stats.breakerOpens.Add(1)
+		c.sig.circuit(true)
+		c.log(slog.LevelWarn, "herd: circuit breaker opened: loading locally until Redis answers again", "err", err)
+	}
+}
+
+// redisAnswered records an answer from Redis with the breaker.
+func (c *Cache) redisAnswered() {
+	if c.brk.success() {
+		c.sig.circuit(false)
+		c.log(slog.LevelInfo, "herd: circuit breaker closed: Redis answers again")
+	}
 }

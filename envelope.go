@@ -102,3 +102,17 @@ func decodeEnvelope(b []byte) (envelope, bool) {
 		payload:   b[envelopeHeader:],
 	}, true
 }
+
+// newEnvelope builds the envelope of a value written now: fresh for ttl,
+// then servable stale for staleFor.
+func (c *Cache) newEnvelope(fence uint64, val []byte, ttl, staleFor time.Duration, delta time.Duration) *envelope {
+	now := c.now()
+	return &envelope{
+		fence:     fence,
+		writtenAt: now,
+		softExp:   now.Add(ttl),
+		staleExp:  now.Add(ttl + staleFor),
+		delta:     delta,
+		payload:   val,
+	}
+}

@@ -133,3 +133,14 @@ func valueKey(prefix, key string) (string, error) {
 	b = append(b, "}:v"...)
 	return string(b), nil
 }
+
+// lookup is Get's read before the flight: the near cache when it is on,
+// then, unless it answered or read for the flight, the hit path.
+func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
+	if c.near != nil {
+		if val, done, pre, err = c.nearGet(ctx, key, vkey); done || pre != nil {
+			return val, done, pre, err
+		}
+	}
+	return c.hit(ctx, key, vkey)
+}

@@ -598,17 +598,6 @@ func (c *Cache) nearLook(ctx context.Context, key, vkey string) (e nearEntry, do
 	}
 }
 
-// lookup is Get's read before the flight: the near cache when it is on,
-// then, unless it answered or read for the flight, the hit path.
-func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
-	if c.near != nil {
-		if val, done, pre, err = c.nearGet(ctx, key, vkey); done || pre != nil {
-			return val, done, pre, err
-		}
-	}
-	return c.hit(ctx, key, vkey)
-}
-
 // nearAnswer is a near hit's or a fill's answer to one caller.
 func (c *Cache) nearAnswer(ctx context.Context, key string, val []byte, negative bool) ([]byte, error) {
 	o := OutcomeHit

@@ -16,9 +16,6 @@ import (
 // while failed refreshes back off. So every process may try, and exactly
 // one refresh per expiry reaches the source.
 
-// Outcome says how a call was served. Read it with [WithOutcome].
-type Outcome uint8
-
 const (
 	OutcomeUnknown      Outcome = iota // the call failed before the cache decided
 	OutcomeHit                         // a fresh value from Redis
@@ -30,37 +27,6 @@ const (
 	OutcomeFallback                    // loaded locally: wait budget spent, or Redis unreachable
 	OutcomePass                        // Begin found a pass mark (Fill.Pass): the caller builds its own value
 )
-
-var outcomeNames = [...]string{"unknown", "hit", "stale", "early-refresh", "negative", "leader", "follower", "fallback", "pass"}
-
-// String returns the outcome's name, such as "early-refresh".
-func (o Outcome) String() string {
-	if int(o) < len(outcomeNames) {
-		return outcomeNames[o]
-	}
-	return "Outcome(" + string(rune('0'+o)) + ")"
-}
-
-type outcomeKey struct{}
-
-// WithOutcome returns a context that makes [Cache.Get], [Fetch] and
-// [Cache.Peek] record how the call was served in *o: declare an Outcome
-// per call, pass WithOutcome(ctx, &o) to it, and read o after it
-// returns (see the example). The recording is a context value so that
-// Get, Fetch and Peek keep one signature, and so that a middleware or a
-// helper between the caller and herd passes it through untouched.
-// Callers of one flight in a process share its outcome. The HTTP
-// middleware uses it for the Cache-Status header. Get, Fetch and Peek
-// write o in the calling goroutine, before they return.
-func WithOutcome(ctx context.Context, o *Outcome) context.Context {
-	return context.WithValue(ctx, outcomeKey{}, o)
-}
-
-func recordOutcome(ctx context.Context, o Outcome) {
-	if p, ok := ctx.Value(outcomeKey{}).(*Outcome); ok && p != nil {
-		*p = o
-	}
-}
 
 // xfetchDue reports whether a fresh envelope should be refreshed early:
 // now − Δ·β·ln(u) ≥ expiry with u uniform in (0, 1], Δ the rebuild time

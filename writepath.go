@@ -13,7 +13,7 @@ import (
 // Locker's and Redlock's acquire, extend and release, FencedStore and so
 // Job records) is one of the scripts declared in scripts.go, and only the
 // write path sends them: replicaWait.run, runWith and runBatch
-// (replicate.go, batch.go). The path owns three rules, so that a feature
+// (replicate.go). The path owns three rules, so that a feature
 // cannot get one of them wrong by writing it again:
 //
 //   - The replica wait. A script that writes (kind writes) is followed,

@@ -24,7 +24,7 @@ import (
 )
 
 // writePathFiles are the files that may send a script: the write path.
-var writePathFiles = map[string]bool{"scripts.go": true, "writepath.go": true, "replicate.go": true, "batch.go": true}
+var writePathFiles = map[string]bool{"scripts.go": true, "writepath.go": true, "replicate.go": true}
 
 // writeCommand matches a Lua call of a Redis command that writes.
 var writeCommand = regexp.MustCompile(`redis\.p?call\('(SET|SETEX|PSETEX|INCR|INCRBY|HSET|HINCRBY|HDEL|DEL|UNLINK|PEXPIRE|EXPIRE|PERSIST|ZADD|ZREM|ZREMRANGEBYSCORE|SADD|SREM|PUBLISH|SPUBLISH)'`)

@@ -8,10 +8,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/herdkit/herd/internal/lease"
 )
@@ -159,9 +157,6 @@ func (r *flightResult) answers(joined time.Time, writes uint64, err error) bool 
 	}
 	return r.cur.answers(joined, writes)
 }
-
-// maxFailText bounds the error text a leader publishes to followers.
-const maxFailText = 1024
 
 // run runs the flight: it returns the value or the error every local
 // caller gets, with the outcome recorded in f.
@@ -487,81 +482,6 @@ func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff tim
 	return sent, n == 2
 }
 
-// commit runs the COMMIT script. The value goes to the local callers
-// whatever happens here: a fenced or failed commit only means it is not
-// stored. It returns the value's currency for them: current from when the
-// script was sent if it was stored, from the load's start (loadStart,
-// when the key's local write count was writes) otherwise. A value with
-// tags is recorded in their indexes first, and not stored when a purge of
-// one of them may have come after the load began (see tags.go).
-func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Time, writes uint64, tags tagging) currency {
-	b := env.encode()
-	ttl := env.staleExp.Sub(env.writtenAt) // the hard TTL in Redis
-	if tags.any() {
-		// The index must cover the value until it expires: its PX counts
-		// from now, not from the COMMIT.
-		deadline := time.Now().Add(ttl)
-		if cur, ok := c.indexTags(f, lease, tags, ttl, loadStart); !ok {
-			return cur
-		}
-		ttl = max(time.Until(deadline), time.Millisecond)
-	}
-	msg := msgWritten
-	if len(b) <= c.cfg.NotifyMaxBytes {
-		msg = string(msgValue) + string(b)
-	}
-	traced := c.sig.startCommit(f, lease)
-	sent := time.Now()
-	cmd, werr := c.runCommit(f, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
-		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
-		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased, c.nearChan, f.keys.hash())
-	c.nearWrote(f.key) // this process's near copy goes before the value reaches anyone
-	ok, err := cmd.Int()
-	if err == nil && ok == 1 && werr != nil {
-		// Stored and published on the master, not confirmed on its
-		// replicas: a failover may lose it. Say so, not "not stored".
-		if traced != nil {
-			traced(CommitUnreplicated)
-		}
-		c.stats.commitsUnreplicated.Add(1)
-		c.sig.commit(f.key, CommitUnreplicated)
-		c.redisFailed(werr) // an outage only if the WAIT found Redis down
-		c.log(slog.LevelWarn, "herd: commit stored on the master, not confirmed on its replicas; a failover may lose it", "key", f.key, "err", werr)
-		return currency{from: sent} // current on the master when it ran
-	}
-	if traced != nil {
-		switch {
-		case err != nil:
-			traced(CommitError)
-		case ok == 0:
-			traced(CommitFenced)
-		default:
-			traced(CommitStored)
-		}
-	}
-	switch {
-	case err != nil:
-		c.stats.commitErrors.Add(1)
-		c.sig.commit(f.key, CommitError)
-		c.redisFailed(err)
-		c.log(slog.LevelWarn, "herd: commit failed; the value was returned but not stored", "key", f.key, "err", err)
-		if isInfraError(err) {
-			// Redis became unreachable: like a load while it is down,
-			// nothing can check the value (see currency).
-			return currency{unchecked: true, writes: writes}
-		}
-		return currency{from: loadStart}
-	case ok == 0:
-		c.stats.fenced.Add(1)
-		c.sig.commit(f.key, CommitFenced)
-		c.log(slog.LevelWarn, "herd: commit fenced: a newer lease, Set or Invalidate came first (a duplicate or stale rebuild); value not stored", "key", f.key, "fence", lease.token)
-	default:
-		c.sig.commit(f.key, CommitStored)
-		return currency{from: sent}
-	}
-	return currency{from: loadStart} // fenced: a write or a newer lease came after the load began
-}
-
 // follow waits for another process's rebuild of the key: subscribe, look
 // again (the value may have landed before the subscription), then wait for
 // the wake-up message, a poll, or the budget.
@@ -789,46 +709,6 @@ func (c *Cache) retries(f *flight, kind byte, fence string) bool {
 	return true
 }
 
-// loadFailure is what a load of key that failed with cause (not
-// ErrNotFound) tells: the error its callers in this process get, and the
-// kind and text of the failure message for the others. A panic sends its
-// value's text, an error its text, a NoShare error nothing of it.
-func loadFailure(key string, cause error) (err *LoadError, kind byte, text string) {
-	err = newLoadError(key, cause)
-	var pe *PanicError
-	switch {
-	case isNoShare(cause):
-		return err, failNoShare, notSharedText
-	case errors.As(cause, &pe):
-		return err, failPanic, fmt.Sprint(pe.Value)
-	case errors.Is(cause, ErrValueTooLarge):
-		return err, failTooLarge, err.Msg
-	}
-	return err, failError, err.Msg
-}
-
-// remoteLoadError is the error a follower of key gets from a failure
-// message of the given kind and text.
-func remoteLoadError(key string, kind byte, text string) *LoadError {
-	// A process of an earlier version sent the whole error, key and
-	// prefix included (and a panic's stack): keep only the cause.
-	text = strings.TrimPrefix(text, ErrLoadFailed.Error()+": "+strconv.Quote(key)+": ")
-	e := &LoadError{Key: key, Msg: text, Remote: true}
-	switch kind {
-	case failPanic:
-		if rest, ok := strings.CutPrefix(text, "herd: loader panicked: "); ok {
-			text, _, _ = strings.Cut(rest, "\n\n")
-		}
-		pe := &PanicError{Value: text, Remote: true}
-		e.Msg, e.Err = "herd: loader panicked: "+text, pe
-	case failNoShare:
-		e.Msg = notSharedText
-	case failTooLarge:
-		e.Err = ErrValueTooLarge
-	}
-	return e
-}
-
 // check looks at Redis: a usable value ends the wait; a free lease is
 // taken and this process leads (a takeover). Otherwise it returns the
 // holder's remaining lease time. Infrastructure errors are recorded and
@@ -896,18 +776,6 @@ func (c *Cache) redisDown(f *flight, cause error) ([]byte, error) {
 	return c.loadLocal(f)
 }
 
-// redisFailed records an infrastructure error with the breaker.
-func (c *Cache) redisFailed(err error) {
-	if !isInfraError(err) {
-		return
-	}
-	if c.brk.failure() {
-		c.stats.breakerOpens.Add(1)
-		c.sig.circuit(true)
-		c.log(slog.LevelWarn, "herd: circuit breaker opened: loading locally until Redis answers again", "err", err)
-	}
-}
-
 // loadLocal runs the loader without a lease and without storing the
 // result, bounded by MaxLocalLoads concurrent runs in this process.
 func (c *Cache) loadLocal(f *flight) ([]byte, error) {
@@ -970,185 +838,4 @@ func (c *Cache) localResult(f *flight, val []byte, err error) ([]byte, error) {
 		return nil, newLoadError(f.key, err)
 	}
 	return val, nil
-}
-
-// runLoader runs load in its own goroutine under a detached context with
-// the given timeout. A panic becomes a *PanicError and runtime.Goexit an
-// error; neither reaches singleflight (which would crash the process or
-// leave DoChan callers hanging). A loader that ignores its context is
-// abandoned at the timeout; its goroutine ends when it returns. values,
-// if not nil, lends its values (not its cancellation) to that context.
-func (c *Cache) runLoader(values context.Context, load LoadFunc, timeout time.Duration, exp *expiry) ([]byte, error) {
-	return runLoaderOf(c, values, load, timeout, exp)
-}
-
-// valuesFrom is a context with the deadline and cancellation of its
-// Context and, besides its own values, those of values: the loader's
-// context with what [Observer.StartLoad] lends it.
-type valuesFrom struct {
-	context.Context
-	values context.Context
-}
-
-func (v valuesFrom) Value(key any) any {
-	if x := v.Context.Value(key); x != nil {
-		return x
-	}
-	return v.values.Value(key)
-}
-
-// runLoaderOf is runLoader for a loader of any result type (a
-// [ManyLoadFunc] returns a map).
-func runLoaderOf[T any](c *Cache, values context.Context, load func(context.Context) (T, error), timeout time.Duration, exp *expiry) (T, error) {
-	base := c.ctx
-	if values != nil {
-		base = valuesFrom{c.ctx, values}
-	}
-	ctx, cancel := context.WithTimeout(context.WithValue(base, expiryKey{}, exp), timeout)
-	defer cancel()
-	type outcome struct {
-		val T
-		err error
-	}
-	done := make(chan outcome, 1)
-	go func() {
-		var o outcome
-		normal := false
-		defer func() {
-			if !normal {
-				if r := recover(); r != nil {
-					o.err = &PanicError{Value: r, Stack: debug.Stack()}
-				} else {
-					o.err = errGoexit
-				}
-			}
-			done <- o
-		}()
-		o.val, o.err = load(ctx)
-		if o.err != nil {
-			// An error whose Error method panics (a nil field of a custom
-			// type) is the loader's panic here, where it is recovered,
-			// rather than in the leader's settle, which would then leave
-			// the lease to run out instead of releasing it.
-			_ = o.err.Error()
-		}
-		normal = true
-	}()
-	var zero T
-	select {
-	case o := <-done:
-		return o.val, o.err
-	case <-ctx.Done():
-		if c.ctx.Err() != nil {
-			return zero, ErrClosed
-		}
-		return zero, fmt.Errorf("herd: the loader did not return within %v: %w", timeout, ctx.Err())
-	}
-}
-
-// finish ends the leader's local bookkeeping of a lease that a script is
-// about to release: the watchdog stops and the expiry timer is disarmed.
-func (l *Lease) finish() { l.life.Finish() }
-
-// newEnvelope builds the envelope of a value written now: fresh for ttl,
-// then servable stale for staleFor.
-func (c *Cache) newEnvelope(fence uint64, val []byte, ttl, staleFor time.Duration, delta time.Duration) *envelope {
-	now := c.now()
-	return &envelope{
-		fence:     fence,
-		writtenAt: now,
-		softExp:   now.Add(ttl),
-		staleExp:  now.Add(ttl + staleFor),
-		delta:     delta,
-		payload:   val,
-	}
-}
-
-type expiryKey struct{}
-
-// expiry carries a loader's SetExpiry and SetTags to the commit.
-type expiry struct {
-	mu            sync.Mutex
-	ttl, staleFor time.Duration
-	tags          tagging
-	c             *Cache // the Cache whose rebuild it is (nil: a local load)
-}
-
-func (e *expiry) tagging() tagging {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.tags
-}
-
-func (e *expiry) get() (ttl, staleFor time.Duration) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.ttl, e.staleFor
-}
-
-// SetExpiry lets a [LoadFunc] decide how long the value it returns is
-// fresh (ttl) and then servable stale (staleFor), overriding the ttl of
-// the call and [Options.StaleFor]: for example a TTL read from the loaded
-// data, or an HTTP response's max-age. It must be called with the context
-// the loader was given, before the loader returns; elsewhere it does
-// nothing. A ttl outside [1ms, 50 years] or a staleFor outside
-// [0, 50 years] is ignored (see [ErrInvalidTTL]).
-func SetExpiry(ctx context.Context, ttl, staleFor time.Duration) {
-	e, ok := ctx.Value(expiryKey{}).(*expiry)
-	if !ok {
-		return
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if checkTTL(ttl) == nil {
-		e.ttl = ttl
-	}
-	if staleFor >= 0 && staleFor <= maxTTL {
-		e.staleFor = staleFor
-	}
-}
-
-// redisAnswered records an answer from Redis with the breaker.
-func (c *Cache) redisAnswered() {
-	if c.brk.success() {
-		c.sig.circuit(false)
-		c.log(slog.LevelInfo, "herd: circuit breaker closed: Redis answers again")
-	}
-}
-
-// failMessage is the wake-up message of a failed load: the kind, the
-// failed lease's fence (so followers of another leader ignore it) and the
-// error text.
-func failMessage(kind byte, lease *Lease, text string) string {
-	return string([]byte{msgFailed, kind}) + strconv.FormatUint(lease.token, 10) + "|" + cutText(text, maxFailText)
-}
-
-// cutText cuts text to at most n bytes, not inside a UTF-8 sequence: a
-// follower's LoadError (n is maxFailText) carries valid text, which a
-// JSON log line or a gRPC status needs, whenever the leader's was.
-func cutText(text string, n int) string {
-	if len(text) <= n {
-		return text
-	}
-	cut := n
-	for cut > n-utf8.UTFMax && !utf8.RuneStart(text[cut]) {
-		cut--
-	}
-	return text[:cut]
-}
-
-// parseFailMessage splits a failure message into its parts.
-func parseFailMessage(msg string) (kind byte, fence, text string) {
-	kind = failError
-	if len(msg) >= 2 {
-		kind = msg[1]
-	}
-	if len(msg) > 2 {
-		rest := msg[2:]
-		if i := strings.IndexByte(rest, '|'); i >= 0 {
-			return kind, rest[:i], rest[i+1:]
-		}
-		return kind, "", rest
-	}
-	return kind, "", ""
 }

@@ -513,15 +513,6 @@ func (c *Cache) isClosed() bool {
 // Stats returns the Cache's counters since New.
 func (c *Cache) Stats() Stats { return c.stats.snapshot() }
 
-// reportLookup reports how one call was served to the Observer and
-// counts a follower's call in Stats.Follows, so that the two agree.
-func (c *Cache) reportLookup(key string, o Outcome) {
-	if o == OutcomeFollower {
-		c.stats.follows.Add(1)
-	}
-	c.sig.lookup(key, o)
-}
-
 // jitter shortens ttl by up to TTLJitter of it.
 func (c *Cache) jitter(ttl time.Duration) time.Duration {
 	if c.cfg.TTLJitter == 0 {
