@@ -53,6 +53,10 @@ type Cache struct {
 
 	masterReads bool // rdb may route GET to a replica: read values with getScript
 
+	// repl is the write path's replica wait, the one the Cache's Locker
+	// holds too: every write of the Cache's goes through it.
+	repl *replicaWait
+
 	ctx     context.Context // ends on Close; parent of all shared work
 	cancel  context.CancelFunc
 	mu      sync.RWMutex // guards closed against flights starting
@@ -124,6 +128,7 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		cfg:    cfg,
 		locker: locker,
 		notify: locker.notify,
+		repl:   repl,
 		sig:    locker.cfg.sig,
 		calib:  newCalibrator(cfg.calib),
 		local:  make(chan struct{}, cfg.MaxLocalLoads),
@@ -353,7 +358,7 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 			}
 			hard = max(time.Until(deadline), time.Millisecond)
 		}
-		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, setScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
+		cmd, werr := c.repl.run(ctx, c.rdb, keys.fence, setScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
 			env, hard.Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
 			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 		if err := cmd.Err(); err != nil {
@@ -383,7 +388,7 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 		return err
 	}
 	err = c.untilDone(ctx, key, func() error {
-		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
+		cmd, werr := c.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
 			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 		if err := cmd.Err(); err != nil {
 			return err

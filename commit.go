@@ -129,7 +129,7 @@ func (b *commitBatch) flush() {
 	if len(b.calls) > 0 {
 		ctx, cancel := b.c.commitCtx()
 		defer cancel()
-		b.c.locker.cfg.repl.runBatch(ctx, b.c.rdb, commitScript, b.calls)
+		b.c.repl.runBatch(ctx, b.c.rdb, commitScript, b.calls)
 	}
 	close(b.done)
 }
@@ -148,7 +148,7 @@ func (c *Cache) runCommit(f *flight, keys []string, args ...any) (*redis.Cmd, er
 	}
 	ctx, cancel := c.commitCtx()
 	defer cancel()
-	return c.locker.cfg.repl.run(ctx, c.rdb, f.keys.fence, commitScript, keys, args...)
+	return c.repl.run(ctx, c.rdb, f.keys.fence, commitScript, keys, args...)
 }
 
 // commitCtx is the context of a COMMIT about to be sent: detached from

@@ -530,11 +530,11 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 	ttls := make([]time.Duration, len(ms))
 	for i, m := range ms {
 		ttls[i] = c.leaseFor(m.f.key)
-		c.locker.cfg.repl.prime(c.ctx, c.rdb, m.f.keys.fence)
+		c.repl.prime(c.ctx, c.rdb, m.f.keys.fence)
 		calls[i], owners[i] = c.locker.acquireCall(m.f.keys, ttls[i], modeMiss, nil, awaiting{})
 	}
 	sent := time.Now()
-	c.locker.cfg.repl.runBatch(c.ctx, c.rdb, acquireScript, calls)
+	c.repl.runBatch(c.ctx, c.rdb, acquireScript, calls)
 	gen := c.genResult(gr) // before any load begins
 	answered := false
 	for i, m := range ms {

@@ -92,7 +92,7 @@ func (c *Cache) invalidateSoft(ctx context.Context, keys keyFamily, marker strin
 		if seen {
 			header, size = string(b[:min(len(b), envelopeHeader)]), len(b)
 		}
-		cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, softScript, []string{keys.value, keys.fence, marker},
+		cmd, werr := c.repl.run(ctx, c.rdb, keys.fence, softScript, []string{keys.value, keys.fence, marker},
 			header, size, c.softened(b, seen), fenceTTL, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 		res, err := cmd.Slice()
 		if err != nil {
@@ -108,7 +108,7 @@ func (c *Cache) invalidateSoft(ctx context.Context, keys keyFamily, marker strin
 			b = []byte(s)
 		}
 	}
-	cmd, werr := c.locker.cfg.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, marker},
+	cmd, werr := c.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, marker},
 		fenceTTL, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
 	if err := cmd.Err(); err != nil {
 		return err

@@ -400,7 +400,7 @@ func (c *Cache) recordTags(ctx context.Context, member string, tags []string, tt
 		calls[i] = &scriptCall{route: tk.index, keys: []string{tk.index, tk.purged},
 			args: []any{g0, member, ttl.Milliseconds(), tagGrace.Milliseconds(), most}}
 	}
-	c.locker.cfg.repl.runBatch(ctx, c.rdb, tagAddScript, calls)
+	c.repl.runBatch(ctx, c.rdb, tagAddScript, calls)
 	var errs []error
 	for i, call := range calls {
 		n, err := call.cmd.Int()
@@ -486,7 +486,7 @@ func (c *Cache) InvalidateTag(ctx context.Context, tags ...string) error {
 
 // purge is InvalidateTag's work.
 func (c *Cache) purge(ctx context.Context, tags []string) error {
-	repl := c.locker.cfg.repl
+	repl := c.repl
 	cmd, werr := repl.run(ctx, c.rdb, c.genKey, tagBumpScript, []string{c.genKey})
 	g, err := cmd.Text()
 	if err == nil {
@@ -555,7 +555,7 @@ func (c *Cache) scanTags(ctx context.Context, tags []string, g string) (map[stri
 			calls[i] = &scriptCall{route: s.keys.index, keys: []string{s.keys.index, s.keys.purged},
 				args: []any{g, purgedTTL.Milliseconds(), s.cursor, purgePage}}
 		}
-		c.locker.cfg.repl.runBatch(ctx, c.rdb, tagPurgeScript, calls)
+		c.repl.runBatch(ctx, c.rdb, tagPurgeScript, calls)
 		next := active[:0]
 		for i, s := range active {
 			res, err := calls[i].cmd.StringSlice()
