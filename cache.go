@@ -31,7 +31,7 @@ type LoadFunc func(ctx context.Context) ([]byte, error)
 // short lease in Redis picks one leader, which runs the loader and writes
 // the value, the wake-up and the lease release in one script. The others
 // are woken by a pub/sub message that usually carries the value itself.
-// See the package documentation for the guarantees and failure modes.
+// The guarantees and failure modes are in docs/guarantees.md.
 //
 // A Cache is safe for concurrent use. Call [Cache.Close] to stop its
 // goroutines and its pub/sub connection.
@@ -108,8 +108,15 @@ type Cache struct {
 // NewFailoverClusterClient with ReplicaOnly, RouteByLatency or
 // RouteRandomly), New detects it and the Cache reads each value with a
 // one-line script, which the client sends to the master: the client's
-// other commands still go where it routes them. See the package
-// documentation for the cost and for what cannot be detected.
+// other commands still go where it routes them. The cost: those reads no
+// longer offload masters; on a real redis-server the script takes about
+// 2µs of server time against 0.25µs for GET, with 12 allocations instead
+// of 7 in the client, and a round trip about a tenth longer. A failover
+// *redis.Client with ReplicaOnly cannot be detected (its options keep no
+// trace of it); it sends every command, writes included, to a replica, so
+// herd's writes fail with READONLY and the Cache treats Redis as
+// unavailable: do not use one. [FencedStore.Get] is a plain read and
+// follows the client's routing.
 func New(rdb redis.UniversalClient, opt *Options) *Cache {
 	if rdb == nil {
 		panic("herd: New with a nil Redis client")

@@ -94,8 +94,8 @@ func coreEntryPoints(key string) []entryPoint {
 	}
 }
 
-// TestEveryCallHonoursCtxAtOnce attacks doc.go "Failure behaviour"
-// ("Pass a context deadline for a hard bound: every call honours it at
+// TestEveryCallHonoursCtxAtOnce attacks docs/guarantees.md "Failure
+// behaviour" ("Pass a context deadline for a hard bound: every call honours it at
 // once") and issue 12 defect 5 ("Every entry point honours its caller's
 // ctx at once"). Every Redis reply is made 3 s late (or the link is
 // blackholed), under a client ReadTimeout of 20 s. Each entry point is
@@ -308,8 +308,8 @@ func ringKeys(t *testing.T, ring *redis.Ring, prefix string) map[string]string {
 	return keys
 }
 
-// TestRingPubSubResubscribesAfterKill attacks doc.go "Failure behaviour"
-// ("The pub/sub connection drops (a network error, a killed client, ...):
+// TestRingPubSubResubscribesAfterKill attacks docs/guarantees.md
+// "Failure behaviour" ("The pub/sub connection drops (a network error, a killed client, ...):
 // the connection comes back by itself and herd subscribes its channels
 // again, and the confirmation makes waiters look again") and "Redis Ring"
 // ("herd keeps one pub/sub connection per shard") on a Ring of 2 servers.
@@ -392,7 +392,7 @@ func closeWithin(t *testing.T, d time.Duration, cs ...interface{ Close() error }
 	}
 }
 
-// TestPubSubWakeUpsResumeAfterRedisRestartOrPause attacks doc.go
+// TestPubSubWakeUpsResumeAfterRedisRestartOrPause attacks docs/guarantees.md
 // "Failure behaviour" (the pub/sub connection comes back by itself) for a
 // standalone server that restarts (same port, empty), pauses (SIGSTOP
 // for 3 s, longer than the clients' 500 ms ReadTimeout), kills the
@@ -580,7 +580,7 @@ func TestCalibrationOneSlowRebuildCountedOnceUnderHits(t *testing.T) {
 	}
 }
 
-// TestCloseNeverHangsOnABlackholedRedis attacks Close's promise (doc.go
+// TestCloseNeverHangsOnABlackholedRedis attacks Close's promise (docs/guarantees.md
 // "Failure behaviour", issue 12 item 2: "Close never hangs; no goroutine
 // leaks") when Redis vanishes without closing anything: a Cache with a
 // follower waiting (pub/sub subscribed) and a Locker with an Acquire
@@ -662,7 +662,7 @@ func mustChannel(t *testing.T, prefix, key string) string {
 	return k.channel
 }
 
-// TestRingWakeUpsAfterAShardGoesDown attacks doc.go "Redis Ring" ("A Ring
+// TestRingWakeUpsAfterAShardGoesDown attacks docs/guarantees.md "Redis Ring" ("A Ring
 // has no replication: a shard that goes down loses its leases, like a
 // cluster master, and the Ring moves its keys to the other shards") with
 // the failure-behaviour promise that the pub/sub comes back: on a Ring of
@@ -837,7 +837,7 @@ func TestCacheCloseDoesNotHangOnACommitToABlackholedRedis(t *testing.T) {
 	r.finish()
 }
 
-// TestClusterLockerWakeUpsAfterPubSubKill attacks doc.go "Failure
+// TestClusterLockerWakeUpsAfterPubSubKill attacks docs/guarantees.md "Failure
 // behaviour" (pub/sub comes back after a killed client, on Cluster one
 // SSUBSCRIBE per channel) for Locker.Acquire on the real 3-master cluster:
 // two Acquires wait on two keys whose channels are in different slots of

@@ -1,7 +1,7 @@
 package herd
 
-// Read your writes and the wait budget: the promises of doc.go
-// (guarantees 2 and 7), Options.WaitTimeout, Cache.Begin and
+// Read your writes and the wait budget: the promises of
+// docs/guarantees.md (guarantees 2 and 7), Options.WaitTimeout, Cache.Begin and
 // Cache.Get/Set/Invalidate, against a real redis-server. Several
 // Caches on one Redis stand for several processes: each has its own
 // single-flight, Fill registry, local write counts and pub/sub connection.
@@ -64,8 +64,8 @@ func (s *sourceLoader) waitEntered(t *testing.T) string {
 	}
 }
 
-// TestReadYourWritesLoadLocallyFallback (claim 1, doc.go guarantee
-// 7, "in any process ... via Fallback LoadLocally"), with Redis healthy:
+// TestReadYourWritesLoadLocallyFallback (claim 1, docs/guarantees.md
+// guarantee 7, "in any process ... via Fallback LoadLocally"), with Redis healthy:
 //
 //   - process L leads a slow rebuild of the key (it holds the lease);
 //   - in process A, caller X follows it, spends its explicit WaitTimeout
@@ -263,7 +263,7 @@ func TestReadYourWritesWakeUpQueuedBeforeInvalidate(t *testing.T) {
 	r.finish()
 }
 
-// TestWaitBudgetFallbackForLocalFill (claim 2, doc.go guarantee 2:
+// TestWaitBudgetFallbackForLocalFill (claim 2, docs/guarantees.md guarantee 2:
 // "every wait is bounded by the caller's context and by the wait budget;
 // then Options.Fallback applies"): a Begin that waits for a Fill of its
 // own process and spends an explicit WaitTimeout gets ErrWaitTimeout,

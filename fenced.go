@@ -141,7 +141,9 @@ func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []b
 }
 
 // Get returns the value stored under key and the token that wrote it, or
-// an error wrapping [ErrNotFound] when there is none.
+// an error wrapping [ErrNotFound] when there is none. It is a plain read
+// and follows the client's routing (see [New] on clients that read
+// replicas).
 func (s *FencedStore) Get(ctx context.Context, key string) ([]byte, uint64, error) {
 	keys, err := makeKeys(s.prefix, key)
 	if err != nil {

@@ -11,7 +11,7 @@ import (
 
 // Inspection is what herd keeps in Redis for one key, read at one instant
 // on the key's master by [Cache.Inspect]. herd's Redis names are hashes
-// of the key (see "Keys" in the package documentation), so redis-cli
+// of the key (see "Keys" in docs/guarantees.md), so redis-cli
 // shows nothing readable; this is the readable form, for debugging. A nil
 // field means the thing is absent.
 type Inspection struct {

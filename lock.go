@@ -52,7 +52,7 @@ func CheckLockKey(key string) error {
 // conformance suite in package github.com/herdkit/herd/locktest checks;
 // the guarantees beyond it (what a failover, a restart or a partition
 // does to a lock) differ by backend: see each one's documentation and the
-// package documentation ("Which lock").
+// page docs/locks.md.
 //
 //   - TryAcquire takes the lock on key for ttl, or fails at once. When
 //     another owner holds it, the error wraps [ErrLeaseHeld]. Any string

@@ -1,7 +1,7 @@
 package herd
 
-// Attacks on the near cache (near.go): claims of its header, doc.go
-// (guarantee 7), the README and docs/design.md, tried on a real
+// Attacks on the near cache (near.go): claims of its header,
+// docs/guarantees.md (guarantee 7), the README and docs/design.md, tried on a real
 // redis-server.
 
 import (
@@ -51,7 +51,7 @@ func TestNearMaxAgeWallClockStep(t *testing.T) {
 }
 
 // Guarantee 7 with the near cache: a Get "keeps this promise for the
-// writes of its own process" (doc.go), and "this process's own writes
+// writes of its own process" (docs/guarantees.md), and "this process's own writes
 // drop its near copy before they return". A process may hold two Caches
 // on the same Redis and prefix (one with the near cache, one without, as
 // a library and its user may): a Set by the one returned, and a Get by

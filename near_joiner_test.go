@@ -106,8 +106,8 @@ func TestNearJoinerPastFreshPeriod(t *testing.T) {
 // "This process's own writes ... drop its near copies before they
 // return, and a near miss's read that a write may have overtaken is not
 // kept: a near copy is never older than a write the process has seen
-// return" (doc.go). A caller that joins a near fill is checked against
-// Set and Invalidate (the key's write count), and against Staleness since
+// return" (docs/cache-aside.md, "Near cache"). A caller that joins a
+// near fill is checked against Set and Invalidate (the key's write count), and against Staleness since
 // the fill's GET, but not against the drops and flushes since the fill's
 // snapshot: this Cache's own commits (Fill.Commit, a GetMany leader) and a
 // lost subscription go unseen. The fill's own insert is refused; the

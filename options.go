@@ -445,7 +445,7 @@ type Options struct {
 	// Near turns on the near cache: a copy of fresh values in process
 	// memory in front of Redis, invalidated cluster-wide on every write
 	// and served only while its staleness bound holds (see [NearOptions]
-	// and the package documentation). Default: off.
+	// and docs/cache-aside.md, "Near cache"). Default: off.
 	Near NearOptions
 }
 

@@ -1,8 +1,8 @@
 package herd
 
-// Attacks on the failover/fencing claims (issue 13): doc.go "Failure
-// behaviour", README "Failover", docs/faults.md "Failover (Sentinel)",
-// the godoc of ReplicaAcks/ReplicaTimeout and ErrNotReplicated, and
+// Attacks on the failover/fencing claims (issue 13): docs/guarantees.md
+// "Failure behaviour" and its failover paragraph, docs/faults.md
+// "Failover (Sentinel)", the godoc of ReplicaAcks/ReplicaTimeout and ErrNotReplicated, and
 // replicate.go. Each test here failed on the code it was written against.
 
 import (
@@ -18,7 +18,8 @@ import (
 // TestReplicaWaitOnTheScriptsConnectionRing attacks replicate.go's
 // "followed by a WAIT for the replicas, pipelined on the same connection"
 // and ErrNotReplicated's godoc (returned when too few replicas
-// acknowledged) on a *redis.Ring, which doc.go "Redis Ring" says works.
+// acknowledged) on a *redis.Ring, which docs/guarantees.md "Redis Ring" says
+// works.
 // A Ring pipeline routes each command by its first key; WAIT (and INFO
 // replication) have none, so go-redis sends them to a RANDOM shard, not
 // to the shard that ran the script. Shard a has a replica, shard b has
@@ -64,7 +65,7 @@ func TestReplicaWaitOnTheScriptsConnectionRing(t *testing.T) {
 
 // TestReplicaAcksAutoDoesNotWaitOnAMasterThatNeverHadOne attacks the
 // godoc of LockerOptions.ReplicaAcks ("ReplicaAcks 0 (the default) ...
-// does not wait on a master that never had one") and README/doc.go's
+// does not wait on a master that never had one") and docs/guarantees.md's
 // failover paragraph (a promoted replica keeps serving). A replica is
 // promoted (REPLICAOF NO ONE, as Sentinel does after a kill -9 of the
 // master of a master+1-replica set): it has no replica and never had one,
@@ -98,7 +99,7 @@ func TestReplicaAcksAutoDoesNotWaitOnAMasterThatNeverHadOne(t *testing.T) {
 	_ = lease.Release(ctx)
 }
 
-// TestReplicaAcksAutoWaitsForAReplicaAdded attacks doc.go "Failure
+// TestReplicaAcksAutoWaitsForAReplicaAdded attacks docs/guarantees.md "Failure
 // behaviour" ("A write herd reports done is on the replicas", with
 // ReplicaAcks 0 waiting for "every replica the master had in the last
 // minute", learned "about once a second"). replicate.run computes the
