@@ -9,8 +9,9 @@
 //
 // Two tiers do it: a local single-flight, so each process sends at most
 // one rebuild of a key to Redis at a time, and a short lease in Redis per
-// key, so one process in the cluster rebuilds. A hit costs what a plain
-// GET costs. The lease length is calibrated from the measured rebuild
+// key, so one process in the cluster rebuilds. A hit is one GET, shared
+// by the concurrent callers of a key in a process (docs/measured.md has
+// what it costs beside a plain GET). The lease length is calibrated from the measured rebuild
 // time and renewed by a watchdog while the rebuild runs, and the lease's
 // fence keeps a rebuild that started before a write from storing its
 // older value after it.
