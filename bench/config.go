@@ -80,6 +80,9 @@ type config struct {
 	FailWindow time.Duration // failure scenario: before, failing and after segments each last this long
 	Warmup     time.Duration // load scenarios: not measured at the start
 
+	HTTP       bool // the HTTP benchmark instead of the scenarios (http.go)
+	HTTPRounds int  // the HTTP benchmark's rounds of every case
+
 	CallTimeout time.Duration // per-request context
 	Command     string        // the command line, for the reports
 }
@@ -113,6 +116,8 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	fs.DurationVar(&c.Think, "think", 10*time.Millisecond, "pause between one steady caller's requests")
 	fs.IntVar(&c.ValueSize, "value-size", 512, "value size in bytes")
 	fs.DurationVar(&c.FailWindow, "fail-window", 2*time.Second, "failure scenario: the origin fails for this long, between two healthy segments as long")
+	fs.BoolVar(&c.HTTP, "http", false, "run the HTTP benchmark instead of the scenarios: one hot URL behind a plain handler, a handler doing one Redis GET, herd's middleware, and herd's middleware with the near cache, with -c clients for -duration per case (default 3s here)")
+	fs.IntVar(&c.HTTPRounds, "http-rounds", 3, "the HTTP benchmark's rounds: each case runs once per round, interleaved; a case's rate is the median of its rounds")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -142,6 +147,12 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 		c.Warmup = 300 * time.Millisecond
 	}
 	c.CallTimeout = 15 * time.Second
+	if c.HTTP && !set["duration"] {
+		c.Duration = 3 * time.Second
+	}
+	if c.HTTPRounds < 1 {
+		return nil, fmt.Errorf("-http-rounds %d: want at least 1", c.HTTPRounds)
+	}
 
 	var err error
 	if c.lat, err = parseLatency(c.OriginLatency); err != nil {

@@ -63,6 +63,7 @@
 //	go run ./bench -scenarios hotkey -write-rate 10/s -duration 10s
 //	go run ./bench -redis 127.0.0.1:6379 -p 4 -c 64 -origin-latency 50ms -svg docs/bench.svg
 //	go run ./bench -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
+//	go run ./bench -http -c 64 -value-size 2048       # the HTTP benchmark (http.go)
 //
 // Results: a table on stdout, -json, -svg (a chart) and -md (the table as
 // Markdown with the command). See docs/bench.md.
@@ -93,7 +94,11 @@ func main() {
 	}
 	cfg.Command = commandLine(os.Args[1:])
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	_, err = run(ctx, cfg, os.Stdout, os.Stderr)
+	if cfg.HTTP {
+		err = runHTTP(ctx, cfg, os.Stdout, os.Stderr)
+	} else {
+		_, err = run(ctx, cfg, os.Stdout, os.Stderr)
+	}
 	interrupted := ctx.Err() != nil
 	stop()
 	if err != nil {
