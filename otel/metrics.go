@@ -3,12 +3,10 @@ package otel
 import (
 	"context"
 	"errors"
-	"strings"
-	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/observe"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 )
@@ -24,10 +22,10 @@ type instruments struct {
 	lookups, loads, retries, leases, commits, circuitTrans, failOpen, corrupt, refreshes metric.Int64Counter
 	loadDur, waitDur                                                                     metric.Float64Histogram
 	circuitOpen                                                                          metric.Int64Gauge
-	classes                                                                              *classes
+	classes                                                                              *observe.Classes
 }
 
-func newInstruments(m metric.Meter, cls *classes) (*instruments, error) {
+func newInstruments(m metric.Meter, cls *observe.Classes) (*instruments, error) {
 	in := &instruments{classes: cls}
 	var errs []error
 	counter := func(name, unit, desc string) metric.Int64Counter {
@@ -69,32 +67,32 @@ func newInstruments(m metric.Meter, cls *classes) (*instruments, error) {
 
 func (in *instruments) lookup(class string, o herd.Outcome) {
 	in.lookups.Add(context.Background(), 1, metric.WithAttributes(
-		attribute.String("class", in.classes.name(class)), attribute.String("outcome", o.String())))
+		attribute.String("class", in.classes.Name(class)), attribute.String("outcome", o.String())))
 }
 
 func (in *instruments) load(class string, d time.Duration, err error, leased bool) {
-	ctx, c := context.Background(), attribute.String("class", in.classes.name(class))
-	in.loads.Add(ctx, 1, metric.WithAttributes(c, attribute.String("result", loadResult(err)), attribute.Bool("leased", leased)))
+	ctx, c := context.Background(), attribute.String("class", in.classes.Name(class))
+	in.loads.Add(ctx, 1, metric.WithAttributes(c, attribute.String("result", observe.LoadResult(err)), attribute.Bool("leased", leased)))
 	in.loadDur.Record(ctx, d.Seconds(), metric.WithAttributes(c))
 }
 
 func (in *instruments) loadRetry(class string) {
-	in.retries.Add(context.Background(), 1, metric.WithAttributes(attribute.String("class", in.classes.name(class))))
+	in.retries.Add(context.Background(), 1, metric.WithAttributes(attribute.String("class", in.classes.Name(class))))
 }
 
 func (in *instruments) lease(class string, ev herd.LeaseEvent) {
 	in.leases.Add(context.Background(), 1, metric.WithAttributes(
-		attribute.String("class", in.classes.name(class)), attribute.String("event", ev.String())))
+		attribute.String("class", in.classes.Name(class)), attribute.String("event", ev.String())))
 }
 
 func (in *instruments) wait(class string, d time.Duration, end herd.WaitEnd) {
 	in.waitDur.Record(context.Background(), d.Seconds(), metric.WithAttributes(
-		attribute.String("class", in.classes.name(class)), attribute.String("end", end.String())))
+		attribute.String("class", in.classes.Name(class)), attribute.String("end", end.String())))
 }
 
 func (in *instruments) commit(class string, r herd.CommitResult) {
 	in.commits.Add(context.Background(), 1, metric.WithAttributes(
-		attribute.String("class", in.classes.name(class)), attribute.String("result", r.String())))
+		attribute.String("class", in.classes.Name(class)), attribute.String("result", r.String())))
 }
 
 func (in *instruments) circuit(open bool) {
@@ -107,59 +105,14 @@ func (in *instruments) circuit(open bool) {
 }
 
 func (in *instruments) failedOpen(class string) {
-	in.failOpen.Add(context.Background(), 1, metric.WithAttributes(attribute.String("class", in.classes.name(class))))
+	in.failOpen.Add(context.Background(), 1, metric.WithAttributes(attribute.String("class", in.classes.Name(class))))
 }
 
 func (in *instruments) corrupted(class string) {
-	in.corrupt.Add(context.Background(), 1, metric.WithAttributes(attribute.String("class", in.classes.name(class))))
+	in.corrupt.Add(context.Background(), 1, metric.WithAttributes(attribute.String("class", in.classes.Name(class))))
 }
 
 func (in *instruments) refresh(class string, ev herd.RefreshEvent) {
 	in.refreshes.Add(context.Background(), 1, metric.WithAttributes(
-		attribute.String("class", in.classes.name(class)), attribute.String("event", ev.String())))
-}
-
-// classes bounds the class attribute's values, as the Prometheus
-// adapter does: "" is "default", invalid UTF-8 is repaired, and classes
-// beyond max are "other".
-type classes struct {
-	mu   sync.Mutex
-	seen map[string]struct{}
-	max  int
-}
-
-func (cs *classes) name(c string) string {
-	if c == "" {
-		return "default"
-	}
-	if !utf8.ValidString(c) {
-		c = strings.ToValidUTF8(c, "\uFFFD")
-	}
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if _, ok := cs.seen[c]; ok {
-		return c
-	}
-	if len(cs.seen) >= cs.max {
-		return "other"
-	}
-	cs.seen[c] = struct{}{}
-	return c
-}
-
-// loadResult is the result attribute of a load, as in the Prometheus
-// adapter.
-func loadResult(err error) string {
-	var pe *herd.PanicError
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, herd.ErrNotFound):
-		return "not_found"
-	case errors.Is(err, herd.ErrNotShared):
-		return "not_shared"
-	case errors.As(err, &pe):
-		return "panic"
-	}
-	return "error"
+		attribute.String("class", in.classes.Name(class)), attribute.String("event", ev.String())))
 }

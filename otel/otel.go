@@ -77,6 +77,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/observe"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -121,7 +122,7 @@ func NewObserver(opt *Options) (*herd.Observer, error) {
 	if o.MaxClasses <= 0 {
 		o.MaxClasses = 100
 	}
-	cls := &classes{seen: make(map[string]struct{}), max: o.MaxClasses}
+	cls := observe.NewClasses(o.MaxClasses)
 	in, err := newInstruments(o.MeterProvider.Meter(scope), cls)
 	if err != nil {
 		return nil, err

@@ -5,6 +5,7 @@ import (
 	"sync"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/observe"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -51,7 +52,7 @@ func (s *spans) load(ctx context.Context, st herd.Step) (context.Context, func(e
 		if registered != nil {
 			leaders.CompareAndDelete(st.Rebuild, registered)
 		}
-		res := loadResult(err)
+		res := observe.LoadResult(err)
 		span.SetAttributes(attribute.String("herd.load.result", res))
 		if res == "error" || res == "panic" {
 			span.RecordError(err)

@@ -59,13 +59,10 @@
 package prometheus
 
 import (
-	"errors"
-	"strings"
-	"sync"
 	"time"
-	"unicode/utf8"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/observe"
 	prom "github.com/prometheus/client_golang/prometheus"
 )
 
@@ -100,7 +97,7 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 	if o.MaxClasses <= 0 {
 		o.MaxClasses = 100
 	}
-	m := &metrics{classes: make(map[string]struct{}), maxClasses: o.MaxClasses}
+	m := &metrics{classes: observe.NewClasses(o.MaxClasses)}
 	counter := func(name, help string, labels ...string) *prom.CounterVec {
 		return prom.NewCounterVec(prom.CounterOpts{Namespace: o.Namespace, Name: name, Help: help, ConstLabels: o.ConstLabels}, labels)
 	}
@@ -124,22 +121,22 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 
 	return &herd.Observer{
 		Lookup: func(class string, out herd.Outcome) {
-			m.lookups.WithLabelValues(m.class(class), out.String()).Inc()
+			m.lookups.WithLabelValues(m.classes.Name(class), out.String()).Inc()
 		},
 		Load: func(class string, d time.Duration, err error, leased bool) {
-			c := m.class(class)
-			m.loads.WithLabelValues(c, loadResult(err), boolLabel(leased)).Inc()
+			c := m.classes.Name(class)
+			m.loads.WithLabelValues(c, observe.LoadResult(err), boolLabel(leased)).Inc()
 			m.loadDur.WithLabelValues(c).Observe(d.Seconds())
 		},
-		LoadRetry: func(class string) { m.retries.WithLabelValues(m.class(class)).Inc() },
+		LoadRetry: func(class string) { m.retries.WithLabelValues(m.classes.Name(class)).Inc() },
 		Lease: func(class string, ev herd.LeaseEvent) {
-			m.leases.WithLabelValues(m.class(class), ev.String()).Inc()
+			m.leases.WithLabelValues(m.classes.Name(class), ev.String()).Inc()
 		},
 		Wait: func(class string, d time.Duration, end herd.WaitEnd) {
-			m.waits.WithLabelValues(m.class(class), end.String()).Observe(d.Seconds())
+			m.waits.WithLabelValues(m.classes.Name(class), end.String()).Observe(d.Seconds())
 		},
 		Commit: func(class string, r herd.CommitResult) {
-			m.commits.WithLabelValues(m.class(class), r.String()).Inc()
+			m.commits.WithLabelValues(m.classes.Name(class), r.String()).Inc()
 		},
 		Circuit: func(open bool) {
 			if open {
@@ -150,10 +147,10 @@ func NewObserver(reg prom.Registerer, opt *Options) *herd.Observer {
 				m.circuitTrans.WithLabelValues("closed").Inc()
 			}
 		},
-		FailOpen: func(class string) { m.failOpen.WithLabelValues(m.class(class)).Inc() },
-		Corrupt:  func(class string) { m.corrupt.WithLabelValues(m.class(class)).Inc() },
+		FailOpen: func(class string) { m.failOpen.WithLabelValues(m.classes.Name(class)).Inc() },
+		Corrupt:  func(class string) { m.corrupt.WithLabelValues(m.classes.Name(class)).Inc() },
 		Refresh: func(class string, ev herd.RefreshEvent) {
-			m.refreshes.WithLabelValues(m.class(class), ev.String()).Inc()
+			m.refreshes.WithLabelValues(m.classes.Name(class), ev.String()).Inc()
 		},
 	}
 }
@@ -163,48 +160,7 @@ type metrics struct {
 	loadDur, waits                                                                       *prom.HistogramVec
 	circuitOpen                                                                          prom.Gauge
 
-	mu         sync.Mutex
-	classes    map[string]struct{}
-	maxClasses int
-}
-
-// class bounds the class label's values. A class that is not UTF-8 (a
-// KeyClass that cut a name inside a character, or returned raw request
-// bytes) gets U+FFFD for its invalid bytes: Prometheus rejects such a
-// label value, and WithLabelValues would panic, in whatever goroutine
-// reported it.
-func (m *metrics) class(c string) string {
-	if c == "" {
-		return "default"
-	}
-	if !utf8.ValidString(c) {
-		c = strings.ToValidUTF8(c, "\uFFFD")
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if _, ok := m.classes[c]; ok {
-		return c
-	}
-	if len(m.classes) >= m.maxClasses {
-		return "other"
-	}
-	m.classes[c] = struct{}{}
-	return c
-}
-
-func loadResult(err error) string {
-	var pe *herd.PanicError
-	switch {
-	case err == nil:
-		return "ok"
-	case errors.Is(err, herd.ErrNotFound):
-		return "not_found"
-	case errors.Is(err, herd.ErrNotShared):
-		return "not_shared"
-	case errors.As(err, &pe):
-		return "panic"
-	}
-	return "error"
+	classes *observe.Classes // the class label's bound
 }
 
 func boolLabel(b bool) string {
