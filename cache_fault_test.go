@@ -11,7 +11,6 @@ import (
 
 	"github.com/herdkit/herd/internal/redistest"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
 // shortTimeouts makes a client notice a dead or paused Redis quickly.
@@ -166,69 +165,6 @@ func TestCachePubSubKilled(t *testing.T) {
 	if calls := g.calls.Load(); calls != 1 {
 		t.Errorf("origin calls = %d, want 1", calls)
 	}
-}
-
-// Close stops every goroutine the Cache started, including a rebuild in
-// flight (its loader's context ends), and later calls get ErrClosed.
-func TestCacheClose(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	baseline := goleak.IgnoreCurrent()
-	c := New(rdb, nil)
-	ctx := context.Background()
-	var calls atomic.Int64
-	if _, err := c.Get(ctx, "warm", time.Minute, constLoader(&calls, "v")); err != nil {
-		t.Fatal(err)
-	}
-	// A follower keeps the pub/sub connection busy; a leader is loading.
-	g := newGatedLoader("never")
-	leaderErr := make(chan error, 1)
-	go func() {
-		_, err := c.Get(ctx, "inflight", time.Minute, g.load)
-		leaderErr <- err
-	}()
-	g.waitEntered(t)
-	other := New(rdb, nil)
-	followerErr := make(chan error, 1)
-	go func() {
-		_, err := other.Get(ctx, "inflight", time.Minute, g.load)
-		followerErr <- err
-	}()
-	waitFor(t, 5*time.Second, "the follower to wait", func() bool { return other.Stats().Waits == 1 })
-
-	if err := c.Close(); err != nil {
-		t.Errorf("Close: %v", err)
-	}
-	if err := <-leaderErr; err == nil {
-		t.Errorf("the in-flight Get returned no error after Close")
-	}
-	if got := g.ctxErr.Load(); got != context.Canceled.Error() {
-		t.Errorf("loader ctx.Err() after Close = %v, want context canceled", got)
-	}
-	if _, err := c.Get(ctx, "after", time.Minute, constLoader(&calls, "v")); !errors.Is(err, ErrClosed) {
-		t.Errorf("Get after Close: got %v, want ErrClosed", err)
-	}
-	if err := c.Close(); err != nil {
-		t.Errorf("second Close: %v", err)
-	}
-	// The closed leader handed its lease back, so the other cache takes
-	// over at once and loads.
-	close(g.gate)
-	select {
-	case err := <-followerErr:
-		if err != nil {
-			t.Errorf("the other cache's follower: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("the other cache's follower did not finish")
-	}
-	if s := other.Stats(); s.Takeovers != 1 {
-		t.Errorf("other cache Stats.Takeovers = %d, want 1", s.Takeovers)
-	}
-	if err := other.Close(); err != nil {
-		t.Errorf("Close: %v", err)
-	}
-	goleak.VerifyNone(t, baseline)
 }
 
 // D04: a leader that dies without releasing blocks the key for its lease

@@ -9,7 +9,6 @@ package herd
 import (
 	"context"
 	"errors"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -554,34 +553,6 @@ func TestReadYourWritesNotFoundMessage(t *testing.T) {
 			}
 		})
 	}
-}
-
-// TestBeginCloseWhileLookupOnSlowLink (claim 3): Begins whose callers
-// left (deadline) while their lookups are held on a slow link, then Close
-// at once, while the lookups are still on the wire: Close waits for them,
-// the Fills they win are given up, nothing counts as a failed load and no
-// goroutine outlives Close (goleak).
-func TestBeginCloseWhileLookupOnSlowLink(t *testing.T) {
-	r := newFaultRig(t)
-	c := r.cache(r.client(timeouts{read: 10 * time.Second}), attackOptions(Options{}))
-	const late = 600 * time.Millisecond
-	r.proxy.SetLatency(faultproxy.Downstream, late)
-	for i := range 4 {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
-		_, _, err := c.Begin(ctx, "close-slow-"+strconv.Itoa(i%2), time.Minute, nil)
-		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("Begin = %v, want DeadlineExceeded", err)
-		}
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if s := c.Stats(); s.LoadErrors != 0 {
-		t.Errorf("LoadErrors = %d, want 0", s.LoadErrors)
-	}
-	r.proxy.SetLatency(faultproxy.Downstream, 0)
-	r.finish()
 }
 
 // TestStuckFillDoesNotBlockLocalBegins (claim 2: a follower falls back

@@ -263,39 +263,6 @@ func TestFillStaleRefresh(t *testing.T) {
 	}
 }
 
-// Close aborts open Fills: their watchdogs stop and another cache takes
-// the key over at once.
-func TestFillCloseAbortsOpenFills(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	c := New(srv.Client(t), nil)
-	other := newTestCache(t, srv.Client(t), nil)
-	ctx := context.Background()
-	_, fill, err := c.Begin(ctx, "k", time.Minute, nil)
-	if err != nil || fill == nil {
-		t.Fatal(err)
-	}
-	res := make(chan *Fill, 1)
-	go func() {
-		_, f, _ := other.Begin(ctx, "k", time.Minute, nil)
-		res <- f
-	}()
-	waitFor(t, 5*time.Second, "the other cache to follow", func() bool { return other.Stats().Waits == 1 })
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case f := <-res:
-		if f == nil || !f.Leased() {
-			t.Fatalf("the other cache got %v, want the lease (a leased Fill)", f)
-		}
-		f.Abort(nil)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the other cache was not handed the key after Close")
-	}
-	fill.Commit([]byte("late"), time.Minute, 0) // after Close: no effect, no panic
-}
-
 // waitLocalWaiters waits until n callers wait on c's local Fill of key.
 func waitLocalWaiters(t *testing.T, c *Cache, key string, n int) {
 	t.Helper()

@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/herdkit/herd/internal/faultproxy"
 	"github.com/herdkit/herd/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
@@ -505,62 +503,6 @@ func TestHitRoundTripsAndCounts(t *testing.T) {
 	}
 }
 
-// The pooled hitCall under churn: callers whose ctx ends at random
-// moments, on many keys, racing Close. Every answer is its key's own
-// value (a hitCall reused while a goroutine still wrote to it would hand
-// one caller another key's reply), no panic, no race, no leak.
-func TestHitPoolChurnAndCloseRace(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	for round := range 3 {
-		c := New(rdb, nil)
-		bg := context.Background()
-		for k := range 16 {
-			if err := c.Set(bg, fmt.Sprint("churn-", k), []byte(fmt.Sprint("value-", k)), time.Hour); err != nil {
-				t.Fatal(err)
-			}
-		}
-		var wg sync.WaitGroup
-		var served atomic.Int64
-		for g := range 16 {
-			wg.Go(func() {
-				rng := rand.New(rand.NewPCG(uint64(round), uint64(g)))
-				for i := range 300 {
-					k := rng.IntN(16)
-					ctx, cancel := context.WithTimeout(bg, time.Duration(rng.IntN(300))*time.Microsecond)
-					if i%3 == 0 {
-						cancel()
-						ctx, cancel = context.WithCancel(bg)
-						go cancel()
-					}
-					v, err := c.Get(ctx, fmt.Sprint("churn-", k), time.Hour, func(context.Context) ([]byte, error) {
-						return []byte(fmt.Sprint("value-", k)), nil
-					})
-					cancel()
-					switch {
-					case err == nil:
-						served.Add(1)
-						if want := fmt.Sprint("value-", k); string(v) != want {
-							t.Errorf("Get of churn-%d = %q, want %q", k, v, want)
-						}
-					case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrClosed):
-					default:
-						t.Errorf("Get: %v", err)
-					}
-				}
-			})
-		}
-		time.Sleep(time.Duration(20+round*20) * time.Millisecond)
-		c.Close()
-		wg.Wait()
-		if _, err := c.Get(context.Background(), "churn-0", time.Hour, constLoader(new(atomic.Int64), "x")); !errors.Is(err, ErrClosed) {
-			t.Errorf("Get after Close: %v, want ErrClosed", err)
-		}
-		t.Logf("round %d: %d answers", round, served.Load())
-	}
-}
-
 // The breaker: while troubled, hits go to the flight, which probes after
 // the cooldown; a Redis that comes back closes the breaker and the next
 // hits are plain hits again.
@@ -649,33 +591,4 @@ func TestHitReplicaReadsHandedOff(t *testing.T) {
 			t.Errorf("handed-off Get %d after Set(v2) = (%q, %v), want v2", i, v, err)
 		}
 	}
-}
-
-// Close waits for the GETs it handed off, and leaves no goroutine: the
-// hand-off of a caller that left on a latency-stalled Redis still runs
-// when Close begins.
-func TestHitCloseWaitsForHandedOffGETs(t *testing.T) {
-	r := newFaultRig(t)
-	to := timeouts{dial: 2 * time.Second, read: 2 * time.Second, write: 2 * time.Second, retries: -1}
-	rdb := r.client(to)
-	c := r.cache(rdb, &Options{Prefix: "wait"})
-	bg := context.Background()
-	if err := c.Set(bg, "w", []byte("stored"), time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	r.proxy.SetLatency(faultproxy.Downstream, 500*time.Millisecond)
-	for range 8 {
-		ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
-		if _, err := c.Get(ctx, "w", time.Hour, constLoader(new(atomic.Int64), "x")); !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("Get on a slow Redis past its deadline: %v", err)
-		}
-		cancel()
-	}
-	c.Close()
-	buf := make([]byte, 1<<20)
-	if st := string(buf[:runtime.Stack(buf, true)]); strings.Contains(st, "(*hitCall).run") {
-		t.Errorf("a handed-off GET still runs after Close returned:\n%s", st)
-	}
-	r.proxy.SetLatency(faultproxy.Downstream, 0)
-	r.finish()
 }

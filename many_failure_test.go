@@ -204,60 +204,6 @@ func (h *closeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
-// Close while a batch settles: the loader has returned the value of one
-// key and failed the other; the failed key's release is on its way to
-// Redis when Close is called. The loaded key's COMMIT waits in the
-// batch's pipeline for its sibling and is sent after Close cancelled the
-// Cache's context. Close waits for the rebuilds in flight; once it
-// returned, no lease of this Cache may be left behind in Redis, blocking
-// the key for the other processes for a lease (a follower elsewhere waits
-// it out, for a value that was loaded). Before the fix the COMMIT was
-// sent with the cancelled context, so go-redis never sent it: the value
-// was lost and the lease held until it expired.
-func TestGetManyCloseWhileCommitting(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	h := &closeHook{mark: "atk-close-boom", entered: make(chan struct{}), release: make(chan struct{})}
-	rdb := srv.Client(t)
-	crdb := srv.Client(t)
-	crdb.AddHook(h)
-	ctx := context.Background()
-	c := New(crdb, atkLeaseOpts(30*time.Second))
-	defer c.Close()
-	good, bad := t.Name()+"/good", t.Name()+"/bad"
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.GetMany(ctx, []string{good, bad}, time.Minute, func(context.Context, []string) (map[string][]byte, error) {
-			return map[string][]byte{good: []byte("v-good")},
-				&ManyError{Errs: map[string]error{bad: errors.New("atk-close-boom")}}
-		})
-		done <- err
-	}()
-	select {
-	case <-h.entered: // bad's release, with its failure message, is held
-	case <-time.After(10 * time.Second):
-		t.Fatal("the failed key's release was not sent")
-	}
-	closed := make(chan struct{})
-	go func() {
-		c.Close()
-		close(closed)
-	}()
-	waitFor(t, 10*time.Second, "Close to cancel the Cache's context", func() bool { return c.ctx.Err() != nil })
-	close(h.release)
-	select {
-	case <-closed:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Close did not return")
-	}
-	<-done
-	for _, k := range []string{good, bad} {
-		if atkLeaseHeld(t, rdb, k) {
-			t.Errorf("after Close the lease of %q is still held in Redis", k)
-		}
-	}
-}
-
 // One master of a 3-master Cluster is killed. GetMany is Get for a set
 // of keys, and the breaker's rule is that a probe's success is "any
 // answer from Redis": a batch whose read was answered by the two live

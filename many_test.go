@@ -411,35 +411,6 @@ func TestGetManyCallerCancelled(t *testing.T) {
 	}
 }
 
-// Close while a batch loads: the caller gets ErrClosed for the keys still
-// loading, the loader's ctx ends, Close waits for the batch, and a later
-// GetMany returns ErrClosed without touching Redis.
-func TestGetManyClose(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	c := New(srv.Client(t), nil)
-	keys := manyKeys(t, 2)
-	l := newManyLoader()
-	l.gate = make(chan struct{}) // never opened: the loader ends with its ctx
-	done := make(chan error, 1)
-	go func() {
-		_, err := c.GetMany(context.Background(), keys, time.Minute, l.load)
-		done <- err
-	}()
-	l.waitEntered(t)
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	err := <-done
-	var me *ManyError
-	if !errors.As(err, &me) || len(me.Errs) != 2 || !errors.Is(err, ErrClosed) {
-		t.Errorf("err = %v, want ErrClosed for both keys", err)
-	}
-	if _, err := c.GetMany(context.Background(), keys, time.Minute, l.load); !errors.Is(err, ErrClosed) || errors.As(err, &me) {
-		t.Errorf("GetMany after Close: %v, want ErrClosed alone", err)
-	}
-}
-
 // Bad input: errors at once for the call (nil loader, bad ttl), per key
 // for an empty key; duplicates are read and loaded once; no keys is an
 // empty result without a round trip.

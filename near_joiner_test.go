@@ -550,53 +550,6 @@ func atkNearBeginWorker(ctx context.Context, _ string) error {
 	return w.report(ctx, rep)
 }
 
-// Close with a hit's GET under way in a caller's goroutine (InlineHits,
-// or a ctx that cannot end) on a stalled Redis: Close does not wait for
-// it (the caller's goroutine is not the Cache's), and the caller returns
-// ErrClosed or its value when the GET ends. The Close doc says so.
-func TestInlineHitsClose(t *testing.T) {
-	t.Parallel()
-	srv := redistest.Start(t)
-	rdb := srv.Client(t, func(o *redis.Options) { o.ReadTimeout = 5 * time.Second; o.MaxRetries = -1 })
-	sent := make(chan struct{}, 4)
-	rdb.AddHook(getSignal{sent})
-	c := New(rdb, &Options{InlineHits: true})
-	bg := context.Background()
-	if err := c.Set(bg, "k", []byte("v"), time.Hour); err != nil {
-		t.Fatal(err)
-	}
-	for len(sent) > 0 {
-		<-sent
-	}
-	srv.Pause(t)
-	resumed := false
-	defer func() {
-		if !resumed {
-			srv.Resume(t)
-		}
-	}()
-	ctx, cancel := context.WithCancel(bg)
-	defer cancel()
-	got := make(chan error, 1)
-	go func() {
-		_, err := c.Get(ctx, "k", time.Hour, noLoad(t))
-		got <- err
-	}()
-	<-sent
-	closed := make(chan struct{})
-	go func() { c.Close(); close(closed) }()
-	select {
-	case <-closed:
-	case <-time.After(3 * time.Second):
-		t.Fatal("Close waited for a caller's inline GET on a stalled Redis")
-	}
-	srv.Resume(t)
-	resumed = true
-	if err := <-got; err != nil && !errors.Is(err, ErrClosed) {
-		t.Fatalf("the inline Get after Close: %v, want its value or ErrClosed", err)
-	}
-}
-
 // MaxAge caps a copy from its read, on the monotonic clock too (see
 // TestNearMaxAgeWallClockStep). The copy's monotonic deadline was
 // taken when the fill inserted, not when it read: a fill held up between

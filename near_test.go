@@ -20,7 +20,6 @@ import (
 
 	"github.com/herdkit/herd/internal/redistest"
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 )
 
 // nearTestStaleness is the Staleness of the tests' near caches: the
@@ -932,53 +931,6 @@ func TestNearCluster(t *testing.T) {
 	if d := statsDelta(before, b.Stats()); d.NearHits != uint64(len(keys)) {
 		t.Errorf("near hits %d of %d", d.NearHits, len(keys))
 	}
-}
-
-// Close stops the near cache's goroutines; a Get after it is ErrClosed
-// even with a near copy; a caller that leaves a slow fill gets ctx.Err()
-// at once, and the fill still answers the others.
-func TestNearCloseAndCancel(t *testing.T) {
-	srv := redistest.Start(t)
-	ctx := context.Background()
-	baseline := goleak.IgnoreCurrent()
-	b := New(srv.Client(t), &Options{Near: NearOptions{MaxEntries: 10, Staleness: nearTestStaleness}})
-	waitServing(t, b)
-	if err := b.Set(ctx, "near-close", []byte("v"), time.Minute); err != nil {
-		t.Fatal(err)
-	}
-
-	fill := newGate()
-	setHooks(b, &nearHooks{beforeFill: func(string) { fill.pass() }})
-	fill.close()
-	cctx, cancel := context.WithCancel(ctx)
-	left := make(chan error, 1)
-	go func() {
-		_, err := b.Get(cctx, "near-close", time.Minute, noLoad(t))
-		left <- err
-	}()
-	waitFor(t, 5*time.Second, "the fill", func() bool { return fill.passed.Load() == 1 })
-	other := make(chan string, 1)
-	go func() {
-		v, _ := b.Get(ctx, "near-close", time.Minute, noLoad(t))
-		other <- string(v)
-	}()
-	cancel()
-	if err := <-left; !errors.Is(err, context.Canceled) {
-		t.Fatalf("the caller that left: %v", err)
-	}
-	fill.release()
-	if got := <-other; got != "v" {
-		t.Fatalf("the caller that stayed: %q", got)
-	}
-	setHooks(b, nil)
-	warm(t, b, "near-close", "v")
-	if err := b.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Get(ctx, "near-close", time.Minute, noLoad(t)); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Get after Close: %v", err)
-	}
-	goleak.VerifyNone(t, baseline)
 }
 
 // A Redis that stops answering (SIGSTOP): the heartbeat goes unanswered,

@@ -9,9 +9,6 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/herdkit/herd/internal/redistest"
-	"go.uber.org/goleak"
 )
 
 // fakeClock is a settable clock for freshness decisions.
@@ -412,36 +409,6 @@ func testOutcomes(t *testing.T, b backend) {
 			t.Errorf("Outcome(%d).String() = %q, want %q", o, o.String(), want)
 		}
 	}
-}
-
-// Close stops background refreshes too.
-func TestFreshnessCloseStopsRefreshes(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	baseline := goleak.IgnoreCurrent()
-	clk := newFakeClock()
-	c := withClock(New(rdb, &Options{StaleFor: time.Hour}), clk)
-	ctx := context.Background()
-	started := make(chan struct{}, 1)
-	var calls atomic.Int64
-	load := func(ctx context.Context) ([]byte, error) {
-		if calls.Add(1) > 1 {
-			started <- struct{}{}
-			<-ctx.Done() // a refresh that only Close can end
-			return nil, ctx.Err()
-		}
-		return []byte("v"), nil
-	}
-	if _, err := c.Get(ctx, "k", time.Minute, load); err != nil {
-		t.Fatal(err)
-	}
-	clk.Advance(2 * time.Minute)
-	c.Get(ctx, "k", time.Minute, load)
-	<-started
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	goleak.VerifyNone(t, baseline)
 }
 
 // SetExpiry lets the loader choose the entry's ttl and stale window.

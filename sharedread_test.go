@@ -3,7 +3,6 @@ package herd
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -279,50 +278,6 @@ func TestSharedReadCallerLeavesOnItsContext(t *testing.T) {
 	}
 }
 
-// Many keys, many callers, contexts ending at random, and Close racing
-// them: every answer is its own key's value or an error of the caller's
-// ctx or of Close, and Close leaves no reader behind (goleak in
-// TestMain).
-func TestSharedReadManyKeysUnderChurnAndClose(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client(t)
-	c := New(rdb, nil)
-	bg := context.Background()
-	const keys = 8
-	for i := range keys {
-		if err := c.Set(bg, fmt.Sprint("k", i), []byte(fmt.Sprint("v", i)), time.Hour); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var wg sync.WaitGroup
-	for g := range 32 {
-		wg.Go(func() {
-			for n := range 200 {
-				i := (g + n) % keys
-				ctx, cancel := context.WithTimeout(bg, time.Duration(n%5)*100*time.Microsecond+50*time.Microsecond)
-				v, err := c.Get(ctx, fmt.Sprint("k", i), time.Hour, noLoad(t))
-				cancel()
-				switch {
-				case err == nil:
-					if string(v) != fmt.Sprint("v", i) {
-						t.Errorf("k%d: got %q", i, v)
-						return
-					}
-				case errors.Is(err, context.DeadlineExceeded), errors.Is(err, ErrClosed):
-				default:
-					t.Errorf("k%d: %v", i, err)
-					return
-				}
-			}
-		})
-	}
-	time.Sleep(20 * time.Millisecond) // Close in the middle of the churn (a window, not an assertion)
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-}
-
 type beginAnswer struct {
 	hit  *Hit
 	fill *Fill
@@ -370,31 +325,4 @@ func beginAfterClose(t *testing.T, opt *Options, mk func() (context.Context, con
 		t.Errorf("Close: %v", err)
 	}
 	return a, ok
-}
-
-// Close's promise for Begin: a Begin whose hit GET is under way returns
-// ErrClosed when Close is called, whatever its ctx and with InlineHits
-// too (only a Get or Peek whose ctx cannot end, or any with InlineHits,
-// waits for its GET). Begin's hit GET is always a reader's, never sent
-// from the caller's goroutine.
-func TestBeginLeavesAtCloseWhileItsHitGETWaits(t *testing.T) {
-	t.Parallel()
-	for name, tc := range map[string]struct {
-		opt *Options
-		mk  func() (context.Context, context.CancelFunc)
-	}{
-		"ctx that cannot end": {nil, func() (context.Context, context.CancelFunc) { return context.Background(), func() {} }},
-		"InlineHits":          {&Options{InlineHits: true}, func() (context.Context, context.CancelFunc) { return context.WithCancel(context.Background()) }},
-	} {
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			a, ok := beginAfterClose(t, tc.opt, tc.mk)
-			if !ok {
-				t.Fatal("Begin whose hit GET was under way did not return within 5s of Close: it waited for the GET")
-			}
-			if !errors.Is(a.err, ErrClosed) {
-				t.Errorf("Begin after Close = (%v, %v, %v), want ErrClosed", a.hit, a.fill, a.err)
-			}
-		})
-	}
 }
