@@ -79,3 +79,30 @@ func Skip(t testing.TB, what string, err error) {
 		t.Skipf("no %s: %v (set %s=1 to fail instead)", what, err, requireEnv)
 	}
 }
+
+// DirServer is the [Server] of a server process that keeps its data in a
+// directory of its own (etcdtest's, zktest's): start starts it in a new
+// temporary directory named by pattern (os.MkdirTemp), and *srv is set
+// to it; it is closed, and the directory removed, after the run.
+func DirServer[S interface{ Close() error }](name, pattern string, start func(dir string) (S, error), srv *S, srvErr *error) Server {
+	return Server{
+		Name: name,
+		Err:  srvErr,
+		Start: func() (func() error, error) {
+			dir, err := os.MkdirTemp("", pattern)
+			if err != nil {
+				return nil, err
+			}
+			s, err := start(dir)
+			if err != nil {
+				os.RemoveAll(dir)
+				return nil, err
+			}
+			*srv = s
+			return func() error {
+				defer os.RemoveAll(dir)
+				return s.Close()
+			}, nil
+		},
+	}
+}

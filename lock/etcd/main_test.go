@@ -38,26 +38,8 @@ func TestMain(m *testing.M) {
 	if code, ok := locktest.RunWorker(holder); ok {
 		os.Exit(code)
 	}
-	os.Exit(locktest.Main(m, locktest.Server{
-		Name: "etcd",
-		Err:  &serverErr,
-		Start: func() (func() error, error) {
-			dir, err := os.MkdirTemp("", "herd-etcd-")
-			if err != nil {
-				return nil, err
-			}
-			s, err := etcdtest.Start(dir)
-			if err != nil {
-				os.RemoveAll(dir)
-				return nil, err
-			}
-			shared = s
-			return func() error {
-				defer os.RemoveAll(dir)
-				return s.Close()
-			}, nil
-		},
-	}, pgtest.Server("herd_etcd_test_", &testDB, &dbErr)))
+	os.Exit(locktest.Main(m, locktest.DirServer("etcd", "herd-etcd-", etcdtest.Start, &shared, &serverErr),
+		pgtest.Server("herd_etcd_test_", &testDB, &dbErr)))
 }
 
 // holder is the worker process's holder of locktest.PausedHolderFenced:

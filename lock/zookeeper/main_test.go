@@ -36,29 +36,17 @@ func TestMain(m *testing.M) {
 	if code, ok := locktest.RunWorker(holder); ok {
 		os.Exit(code)
 	}
-	os.Exit(locktest.Main(m, locktest.Server{
-		Name: "ZooKeeper",
-		Err:  &zkErr,
-		Start: func() (func() error, error) {
-			if _, err := zktest.Available(); err != nil {
-				return nil, err
-			}
-			dir, err := os.MkdirTemp("", "herd-zk-")
-			if err != nil {
-				return nil, err
-			}
-			s, err := zktest.Start(dir)
-			if err != nil {
-				os.RemoveAll(dir)
-				return nil, err
-			}
-			zkServer = s
-			return func() error {
-				defer os.RemoveAll(dir)
-				return s.Close()
-			}, nil
-		},
-	}, pgtest.Server("herd_zk_test_", &testDB, &dbErr)))
+	os.Exit(locktest.Main(m, locktest.DirServer("ZooKeeper", "herd-zk-", startZK, &zkServer, &zkErr),
+		pgtest.Server("herd_zk_test_", &testDB, &dbErr)))
+}
+
+// startZK starts a ZooKeeper server in dir, when java and its class path
+// are there.
+func startZK(dir string) (*zktest.Server, error) {
+	if _, err := zktest.Available(); err != nil {
+		return nil, err
+	}
+	return zktest.Start(dir)
 }
 
 // holder is the worker process's holder of locktest.PausedHolderFenced:
