@@ -38,11 +38,11 @@ import (
 // [Locker.Close], and when Close ends its wait, it returns
 // [herd.ErrClosed].
 func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := l.enter(); err != nil {
+	if err := l.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer l.leave()
-	if err := prepare(name, ttl); err != nil {
+	defer l.gate.Leave()
+	if err := ttls.Prepare(name, ttl); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -55,7 +55,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 			maxWait = math.MaxInt64 // 3×ttl overflows: no limit but ctx
 		}
 	}
-	bctx, cancel := l.bound(ctx)
+	bctx, cancel := l.gate.Bound(ctx)
 	defer cancel()
 	w := &waiter{l: l, name: name, pfx: l.prefix(name), ttl: ttl}
 	w.limit = time.NewTimer(maxWait)

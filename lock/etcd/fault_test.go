@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/locktest"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -162,46 +162,23 @@ func TestQueueOrder(t *testing.T) {
 // client (no KeepAlive, a long lease) closes Lost within the stated bound
 // (the key's deletion is seen at once: here within 10% of the lease), and
 // a waiter in another Locker takes the lock with a higher token, woken by
-// the deletion although it re-checks only once a minute.
+// the deletion although it re-checks only once a minute
+// (locktest.CutHolderLost).
 func TestRevokedHolder(t *testing.T) {
-	ctx := context.Background()
 	s := sharedServer(t)
-	name := testName(t)
-	const ttl = 20 * time.Second
 	a := newTestLocker(t, nil, nil)
-	b := newTestLocker(t, nil, &Options{Recheck: time.Minute})
-	held, err := a.TryAcquire(ctx, name, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Release(ctx)
-	wctx, cancel := context.WithTimeout(ctx, ttl/10)
-	defer cancel()
-	waiter := acquireAsync(t, wctx, b, name, ttl)
-	waitQueue(t, newClient(t, s.Endpoints()), a, name, 2)
-	if _, err := newClient(t, s.Endpoints()).Revoke(ctx, etcdLease(held)); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	select {
-	case <-held.Lost():
-	case <-wctx.Done():
-		t.Fatalf("Lost still open %v after the revoke", time.Since(start))
-	}
-	r := await(t, waiter, ttl/10, "the waiter")
-	if r.err != nil {
-		t.Fatalf("the waiter: %v", r.err)
-	}
-	defer r.lease.Release(ctx)
-	if r.lease.Token() <= held.Token() {
-		t.Errorf("tokens %d then %d: not increasing", held.Token(), r.lease.Token())
-	}
-	if err := held.Release(ctx); !errors.Is(err, herd.ErrLeaseLost) {
-		t.Errorf("Release of the revoked lease: %v, want ErrLeaseLost", err)
-	}
-	if err := held.Extend(ctx, ttl); !errors.Is(err, herd.ErrLeaseLost) {
-		t.Errorf("Extend of the revoked lease: %v, want ErrLeaseLost", err)
-	}
+	admin := newClient(t, s.Endpoints())
+	locktest.CutHolderLost(t, locktest.CutHolder[*Lease]{
+		Holder: a,
+		Waiter: newTestLocker(t, nil, &Options{Recheck: time.Minute}),
+		Queued: func(t *testing.T, name string) { waitQueue(t, admin, a, name, 2) },
+		Cut: func(t *testing.T, held *Lease) {
+			if _, err := admin.Revoke(context.Background(), etcdLease(held)); err != nil {
+				t.Fatal(err)
+			}
+		},
+		Bound: 2 * time.Second,
+	})
 }
 
 // TestServerRestart: etcd is killed (SIGKILL) and started again on the
@@ -342,41 +319,17 @@ func TestServerDown(t *testing.T) {
 	cli := newClient(t, []string{"127.0.0.1:1"})
 	l := New(cli, &Options{Timeout: 500 * time.Millisecond})
 	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for name, call := range map[string]func(context.Context, string, time.Duration) (*Lease, error){
-		"TryAcquire": l.TryAcquire, "Acquire": l.Acquire,
-	} {
-		_, err := call(ctx, "down", time.Second)
-		if err == nil || errors.Is(err, herd.ErrLeaseHeld) || ctx.Err() != nil {
-			t.Errorf("%s with no server: %v, want an etcd error within the request timeout", name, err)
-		}
-	}
+	locktest.ServerDown(t, l)
 }
 
 // TestBadOptions: invalid options panic in New, naming the field.
 func TestBadOptions(t *testing.T) {
 	cli := &clientv3.Client{}
-	for name, opt := range map[string]*Options{
-		"MaxWait": {MaxWait: -1},
-		"Recheck": {Recheck: -1},
-		"Timeout": {Timeout: -1},
-	} {
-		t.Run(name, func(t *testing.T) {
-			defer func() {
-				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), name) {
-					t.Errorf("New with a bad %s: recovered %v, want a panic naming it", name, r)
-				}
-			}()
-			New(cli, opt)
-		})
-	}
-	defer func() {
-		if recover() == nil {
-			t.Error("New(nil) did not panic")
-		}
-	}()
-	New(nil, nil)
+	locktest.BadOptions(t, map[string]func(){
+		"MaxWait": func() { New(cli, &Options{MaxWait: -1}) },
+		"Recheck": func() { New(cli, &Options{Recheck: -1}) },
+		"Timeout": func() { New(cli, &Options{Timeout: -1}) },
+	}, func() { New(nil, nil) })
 }
 
 // TestTTL: a lease shorter than a second or longer than etcd's longest is

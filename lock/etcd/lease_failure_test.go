@@ -7,78 +7,44 @@ import (
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/locktest"
 )
 
-// TestCancelWithServerStalled: herd.Lock's contract says a wait cut
-// short by ctx returns at once. With the etcd server stopped (SIGSTOP),
-// an Acquire queued behind a holder must return promptly when its ctx is
-// cancelled, not after a request timeout spent on cleanup. The bound is
-// 500ms (the Locker's own request timeout is 5s, its cleanup's 1s).
+// TestCancelWithServerStalled: with the etcd server stopped (SIGSTOP),
+// an Acquire queued behind a holder returns at once when its ctx is
+// cancelled, not after a request timeout spent on cleanup (the Locker's
+// own request timeout is 5s, its cleanup's 1s)
+// (locktest.CancelWithServerStalled).
 func TestCancelWithServerStalled(t *testing.T) {
-	ctx := context.Background()
 	s := startServer(t)
-	name := testName(t)
-	const ttl = 5 * time.Second
-	a := newTestLocker(t, s.Endpoints(), nil)
 	b := newTestLocker(t, s.Endpoints(), nil)
-	held, err := a.TryAcquire(ctx, name, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	ch := acquireAsync(t, wctx, b, name, ttl)
-	waitQueue(t, b.cli, b, name, 2)
-	if err := s.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			if err := s.Resume(); err != nil {
-				t.Error(err)
+	locktest.CancelWithServerStalled(t, locktest.StalledServer[*Lease]{
+		Holder: newTestLocker(t, s.Endpoints(), nil),
+		Waiter: b,
+		Queued: func(t *testing.T, name string) { waitQueue(t, b.cli, b, name, 2) },
+		Pause: func(t *testing.T) func() {
+			if err := s.Pause(); err != nil {
+				t.Fatal(err)
 			}
-		}
-	}
-	defer resume()
-	cancel()
-	cancelled := time.Now()
-	r := await(t, ch, 10*time.Second, "Acquire after cancel")
-	took := time.Since(cancelled)
-	resume()
-	if !errors.Is(r.err, herd.ErrLeaseHeld) || !errors.Is(r.err, context.Canceled) {
-		t.Errorf("Acquire: %v, want ErrLeaseHeld and context.Canceled", r.err)
-	}
-	if took > 500*time.Millisecond {
-		t.Errorf("Acquire returned %v after its context was cancelled, want at once (< 500ms)", took)
-	}
-	_ = held.Release(ctx)
+			resumed := false
+			return func() {
+				if !resumed {
+					resumed = true
+					if err := s.Resume(); err != nil {
+						t.Error(err)
+					}
+				}
+			}
+		},
+		TTL: 5 * time.Second,
+	})
 }
 
-// TestKeepAliveCapBeforeFirstRenewal: KeepAlive's maxHold is an
-// absolute cap on the holding, counted from the acquire. A cap shorter
-// than the first renewal's wait (a third to a half of the lease) must
-// still end the lease at the cap, not at the lease's own end.
+// TestKeepAliveCapBeforeFirstRenewal: KeepAlive's cap ends the lease
+// even when it comes before the first renewal
+// (locktest.KeepAliveCapBeforeFirstRenewal).
 func TestKeepAliveCapBeforeFirstRenewal(t *testing.T) {
-	l := newTestLocker(t, nil, nil)
-	ctx := context.Background()
-	const ttl, maxHold = 6 * time.Second, 300 * time.Millisecond
-	lease, err := l.TryAcquire(ctx, testName(t), ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(ctx)
-	capAt := time.Now().Add(maxHold)
-	lease.KeepAlive(maxHold)
-	if d := lease.Deadline(); d.After(capAt) {
-		t.Errorf("Deadline %v after KeepAlive(%v), past the cap by %v", d, maxHold, d.Sub(capAt))
-	}
-	select {
-	case <-lease.Lost():
-	case <-time.After(ttl / 2):
-		t.Errorf("Lost still open %v after the acquire, with KeepAlive(%v)", ttl/2, maxHold)
-	}
+	locktest.KeepAliveCapBeforeFirstRenewal(t, newTestLocker(t, nil, nil))
 }
 
 // TestMaxWaitOverflow: MaxWait's default is three times the lease

@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"sync"
 	"time"
 
 	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/internal/lockgate"
+	"github.com/herdkit/herd/internal/lockopt"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -55,11 +56,7 @@ func (o *Options) resolve() config {
 	if in.Prefix != "" {
 		c.prefix = in.Prefix
 	}
-	for name, d := range map[string]time.Duration{"MaxWait": in.MaxWait, "Recheck": in.Recheck, "Timeout": in.Timeout} {
-		if d < 0 {
-			panic(fmt.Sprintf("etcd: Options.%s is %v; it must be 0 (the default) or more", name, d))
-		}
-	}
+	lockopt.NonNegative("etcd", map[string]time.Duration{"MaxWait": in.MaxWait, "Recheck": in.Recheck, "Timeout": in.Timeout})
 	if in.Recheck > 0 {
 		c.recheck = in.Recheck
 	}
@@ -77,13 +74,9 @@ const (
 	maxLease = clientv3.MaxLeaseTTL * time.Second
 )
 
-func checkTTL(ttl time.Duration) error {
-	if ttl < minLease || ttl > maxLease {
-		return fmt.Errorf("%w: %v (an etcd lease must be between %v and %v: etcd lease TTLs are whole seconds, and a ttl is rounded up to the next one)",
-			herd.ErrInvalidTTL, ttl, minLease, maxLease)
-	}
-	return nil
-}
+// ttls checks a lease length against them.
+var ttls = lockopt.TTLRange{Min: minLease, Max: maxLease, Lease: "an etcd lease",
+	Why: ": etcd lease TTLs are whole seconds, and a ttl is rounded up to the next one"}
 
 // seconds is the etcd lease TTL for ttl: ttl rounded up to whole seconds.
 func seconds(ttl time.Duration) int64 {
@@ -108,11 +101,7 @@ type Locker struct {
 	cli *clientv3.Client
 	cfg config
 
-	root   context.Context // cancelled by Close
-	cancel context.CancelFunc
-	mu     sync.Mutex // guards closed against calls starting
-	closed bool
-	calls  sync.WaitGroup // running calls
+	gate lockgate.Gate // the running calls, and Close
 
 	checked func() // a test's hook: called before each re-check of a waiter
 }
@@ -125,23 +114,9 @@ func New(cli *clientv3.Client, opt *Options) *Locker {
 		panic("etcd: New with a nil *clientv3.Client")
 	}
 	l := &Locker{cli: cli, cfg: opt.resolve()}
-	l.root, l.cancel = context.WithCancel(context.Background())
+	l.gate.Init()
 	return l
 }
-
-// enter registers a call; it fails with ErrClosed after Close. Every
-// successful enter is paired with a leave.
-func (l *Locker) enter() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return herd.ErrClosed
-	}
-	l.calls.Add(1)
-	return nil
-}
-
-func (l *Locker) leave() { l.calls.Done() }
 
 // Close stops the Locker: TryAcquire and Acquire called after it return
 // [herd.ErrClosed], and an Acquire still waiting returns it at once;
@@ -151,23 +126,10 @@ func (l *Locker) leave() { l.calls.Done() }
 // their Extend, KeepAlive and Release keep working while it is open.
 // Close is idempotent.
 func (l *Locker) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	if !l.gate.Close() {
 		return nil
 	}
-	l.closed = true
-	l.cancel()
-	l.mu.Unlock()
-	l.calls.Wait()
 	return nil
-}
-
-// bound returns ctx, also cancelled by Close.
-func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(l.root, cancel)
-	return ctx, func() { stop(); cancel() }
 }
 
 // request returns ctx bounded by the Locker's request timeout.
@@ -188,14 +150,6 @@ func queueKey(pfx string, id clientv3.LeaseID) string {
 	return fmt.Sprintf("%s%016x", pfx, uint64(id))
 }
 
-// prepare checks the arguments.
-func prepare(name string, ttl time.Duration) error {
-	if err := herd.CheckLockKey(name); err != nil {
-		return err
-	}
-	return checkTTL(ttl)
-}
-
 // TryAcquire takes the lock on name for ttl, or fails at once with an
 // error wrapping [herd.ErrLeaseHeld] when another owner holds it or
 // waits for it. It takes two round trips when it wins (the etcd lease's
@@ -208,14 +162,14 @@ func prepare(name string, ttl time.Duration) error {
 // returned wrapped, and after [Locker.Close] it returns [herd.ErrClosed].
 // Each request is bounded by ctx and by [Options.Timeout].
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := l.enter(); err != nil {
+	if err := l.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer l.leave()
-	if err := prepare(name, ttl); err != nil {
+	defer l.gate.Leave()
+	if err := ttls.Prepare(name, ttl); err != nil {
 		return nil, err
 	}
-	bctx, cancel := l.bound(ctx)
+	bctx, cancel := l.gate.Bound(ctx)
 	defer cancel()
 	lease, err := l.try(bctx, name, ttl)
 	return lease, l.callErr(ctx, name, err)
@@ -287,26 +241,21 @@ func (l *Locker) revoke(id clientv3.LeaseID) {
 
 // revokeLater is revoke in a goroutine of its own, for a call that must
 // return at once (its context ended) even when etcd does not answer. The
-// caller holds a call of the Locker (enter), so Close waits for it.
+// caller holds a call of the Locker (Enter), so Close waits for it.
 func (l *Locker) revokeLater(id clientv3.LeaseID) {
-	l.calls.Add(1)
-	go func() {
-		defer l.calls.Done()
-		l.revoke(id)
-	}()
+	l.gate.Go(func() { l.revoke(id) })
 }
 
 // callErr maps an attempt's error for the caller: the context's end
 // (joined with ErrLeaseHeld, as a wait cut short), Close's, or etcd's.
 func (l *Locker) callErr(ctx context.Context, name string, err error) error {
-	switch {
-	case err == nil || errors.Is(err, herd.ErrLeaseHeld) && ctx.Err() == nil:
+	if err == nil || errors.Is(err, herd.ErrLeaseHeld) && ctx.Err() == nil {
 		return err
-	case ctx.Err() != nil:
-		return errors.Join(herd.ErrLeaseHeld, ctx.Err())
-	case l.root.Err() != nil:
-		return fmt.Errorf("%w: acquire %q", herd.ErrClosed, name)
-	case errors.Is(err, herd.ErrWaitTimeout):
+	}
+	if e := l.gate.Ended(ctx, name); e != nil {
+		return e
+	}
+	if errors.Is(err, herd.ErrWaitTimeout) {
 		return err
 	}
 	return fmt.Errorf("herd: acquire %q: %w", name, err)

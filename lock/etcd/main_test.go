@@ -5,25 +5,24 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"fmt"
-	"net/url"
 	"os"
+	"strings"
 	"testing"
-	"time"
 
+	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/lock/etcd/etcdtest"
+	herdpg "github.com/herdkit/herd/lock/postgres"
+	"github.com/herdkit/herd/lock/postgres/pgtest"
+	"github.com/herdkit/herd/locktest"
 	"github.com/jackc/pgx/v5"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/goleak"
 	"go.uber.org/zap"
 )
 
-// Environment of the tests.
+// Environment of a worker process (see holder).
 const (
-	requireEnv = "HERD_REQUIRE_REDIS" // 1: a missing server fails the tests (herd's CI variable for every server)
-	pgURLEnv   = "HERD_PG_URL"        // the PostgreSQL admin URL, for the fenced write of the pause test
-	workerEnv  = "HERD_ETCD_WORKER"   // set when the test binary runs as a worker process
-	defaultPG  = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	endpointsEnv = "HERD_ETCD_ENDPOINTS" // the etcd endpoints, comma-separated
+	dbEnv        = "HERD_ETCD_DB"        // the PostgreSQL database of the fenced table
 )
 
 // The shared etcd server of this run, or nil with serverErr saying why
@@ -36,97 +35,34 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(workerEnv); role != "" {
-		os.Exit(runWorker(role))
+	if code, ok := locktest.RunWorker(holder); ok {
+		os.Exit(code)
 	}
-	os.Exit(run(m))
+	os.Exit(locktest.Main(m, locktest.DirServer("etcd", "herd-etcd-", etcdtest.Start, &shared, &serverErr),
+		pgtest.Server("herd_etcd_test_", &testDB, &dbErr)))
 }
 
-func run(m *testing.M) int {
-	required := os.Getenv(requireEnv) == "1"
-	dir, err := os.MkdirTemp("", "herd-etcd-")
+// holder is the worker process's holder of locktest.PausedHolderFenced:
+// a Locker on the etcd at $HERD_ETCD_ENDPOINTS, and lock/postgres's
+// fenced table in the database at $HERD_ETCD_DB.
+func holder(ctx context.Context) (herd.Lock[*Lease], locktest.TableRig, func(), error) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: strings.Split(os.Getenv(endpointsEnv), ","), Logger: zap.NewNop()})
 	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
+		return nil, locktest.TableRig{}, nil, err
 	}
-	defer os.RemoveAll(dir)
-	shared, serverErr = etcdtest.Start(dir)
-	if serverErr != nil {
-		shared = nil
-		if required {
-			fmt.Fprintf(os.Stderr, "etcd is needed (%s=1): %v\n", requireEnv, serverErr)
-			return 1
-		}
-	}
-	admin := os.Getenv(pgURLEnv)
-	if admin == "" {
-		admin = defaultPG
-	}
-	drop, err := createDB(admin)
+	db, err := pgx.Connect(ctx, os.Getenv(dbEnv)) // the data's own connection
 	if err != nil {
-		if required {
-			fmt.Fprintf(os.Stderr, "PostgreSQL at %s is needed (%s=1): %v\n", admin, requireEnv, err)
-			return 1
-		}
-		dbErr = err
+		cli.Close()
+		return nil, locktest.TableRig{}, nil, err
 	}
-	code := m.Run()
-	if drop != nil {
-		if err := drop(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = max(code, 1)
-		}
-	}
-	if shared != nil {
-		if err := shared.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = max(code, 1)
-		}
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	return code
+	locks := New(cli, nil)
+	return locks, tables(db), func() { locks.Close(); db.Close(ctx); cli.Close() }, nil
 }
 
-// createDB creates a PostgreSQL database with a random name, sets testDB
-// to its URL, and returns the function that drops it.
-func createDB(admin string) (func() error, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	c, err := pgx.Connect(ctx, admin)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close(context.Background())
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	name := "herd_etcd_test_" + hex.EncodeToString(b[:])
-	if _, err := c.Exec(ctx, "CREATE DATABASE "+name); err != nil {
-		return nil, err
-	}
-	u, err := url.Parse(admin)
-	if err != nil {
-		return nil, err
-	}
-	u.Path = "/" + name
-	testDB = u.String()
-	return func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		c, err := pgx.Connect(ctx, admin)
-		if err != nil {
-			return fmt.Errorf("drop the test database %s: %w", name, err)
-		}
-		defer c.Close(context.Background())
-		if _, err := c.Exec(ctx, "DROP DATABASE "+name+" WITH (FORCE)"); err != nil {
-			return fmt.Errorf("drop the test database %s: %w", name, err)
-		}
-		return nil
-	}, nil
+// tables is the locktest.TableRig of c, with lock/postgres's FencedTable
+// writes.
+func tables(c *pgx.Conn) locktest.TableRig {
+	return pgtest.Tables(c, herdpg.DB(c), herdpg.FencedTable.Update, herdpg.FencedTable.Upsert)
 }
 
 // sharedServer returns the run's etcd server, or skips the test when
@@ -134,7 +70,7 @@ func createDB(admin string) (func() error, error) {
 func sharedServer(t testing.TB) *etcdtest.Server {
 	t.Helper()
 	if shared == nil {
-		t.Skipf("no etcd server: %v (set %s=1 to fail instead)", serverErr, requireEnv)
+		locktest.Skip(t, "etcd server", serverErr)
 	}
 	return shared
 }
@@ -144,8 +80,8 @@ func sharedServer(t testing.TB) *etcdtest.Server {
 func startServer(t testing.TB) *etcdtest.Server {
 	t.Helper()
 	s, err := etcdtest.Start(t.TempDir())
-	if errors.Is(err, etcdtest.ErrNoBinary) && os.Getenv(requireEnv) != "1" {
-		t.Skipf("%v (set %s=1 to fail instead)", err, requireEnv)
+	if errors.Is(err, etcdtest.ErrNoBinary) && !locktest.Required() {
+		locktest.Skip(t, "etcd binary", err)
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -1,212 +1,34 @@
 package mysql
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"errors"
-	"fmt"
-	"io"
-	"os"
-	"os/exec"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/internal/faultproxy"
+	"github.com/herdkit/herd/locktest"
 )
 
-// Worker roles: the test binary re-run as another process.
-const (
-	roleHolder = "holder" // takes the lock, says its token, waits for a line on stdin, then writes with its token
-)
-
-// Environment of a worker.
-const (
-	lockEnv  = "HERD_MYSQL_LOCK"  // the lock key
-	tableEnv = "HERD_MYSQL_TABLE" // the fenced table
-	ttlEnv   = "HERD_MYSQL_TTL"   // the lease length
-)
-
-// runWorker runs a worker role and returns the process's exit code.
-func runWorker(role string) int {
-	if err := work(role); err != nil {
-		fmt.Fprintln(os.Stderr, "worker:", err)
-		return 1
-	}
-	return 0
-}
-
-func work(role string) error {
-	if role != roleHolder {
-		return fmt.Errorf("unknown role %q", role)
-	}
-	ctx := context.Background()
-	cfg, err := mysql.ParseDSN(os.Getenv(dbEnv))
-	if err != nil {
-		return err
-	}
-	cfg.Logger = quiet{}
-	ttl, err := time.ParseDuration(os.Getenv(ttlEnv))
-	if err != nil {
-		return err
-	}
-	locks := New(cfg, nil)
-	defer locks.Close()
-	conn, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return err
-	}
-	db := sql.OpenDB(conn) // the data's own connections
-	defer db.Close()
-	lease, err := locks.TryAcquire(ctx, os.Getenv(lockEnv), ttl)
-	if err != nil {
-		return err
-	}
-	defer lease.Release(ctx)
-	lease.KeepAlive(0)
-	fmt.Printf("token %d\n", lease.Token())
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		return err
-	}
-	// The holder woke up: it writes its result, as code that checked
-	// Lost before its pause would.
-	err = FencedTable{Table: os.Getenv(tableEnv)}.Update(ctx, db, 1, lease.Token(), map[string]any{"owner": "A"})
-	switch {
-	case errors.Is(err, herd.ErrFenced):
-		fmt.Println("write: fenced")
-	case errors.Is(err, herd.ErrNotFound):
-		fmt.Println("write: not found")
-	case err != nil:
-		fmt.Println("write:", err)
-	default:
-		fmt.Println("write: ok")
-	}
-	return nil
-}
-
-// worker is a worker process with its stdin and stdout.
-type worker struct {
-	cmd *exec.Cmd
-	in  io.WriteCloser
-	out *bufio.Reader
-}
-
-// startWorker starts the test binary as a worker with role and env.
-func startWorker(t *testing.T, role string, env ...string) *worker {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), append([]string{workerEnv + "=" + role, dbEnv + "=" + testDSN}, env...)...)
-	cmd.Stderr = os.Stderr
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	w := &worker{cmd: cmd, in: in, out: bufio.NewReader(out)}
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGCONT)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	return w
-}
-
-// line reads the worker's next line of output, waiting up to d.
-func (w *worker) line(t *testing.T, d time.Duration) string {
-	t.Helper()
-	got := make(chan string, 1)
-	go func() {
-		s, _ := w.out.ReadString('\n')
-		got <- strings.TrimSpace(s)
-	}()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case s := <-got:
-		return s
-	case <-timer.C:
-		t.Fatalf("no line from the worker within %v", d)
-		return ""
-	}
-}
-
-// TestPausedHolderFenced is the pause scenario: a holder in another
-// process takes the lock, with KeepAlive running, and is SIGSTOPped (a GC
-// pause, a frozen VM) past its lease. The server closes its silent
-// session when its wait_timeout (the lease length) runs out, so a second
-// holder takes the lock, with a higher token, and writes the row; when
-// the first holder resumes and writes with its token, the fenced write
-// refuses it and the row keeps the second holder's value.
+// TestPausedHolderFenced is the pause scenario
+// (locktest.PausedHolderFenced): a holder in another process, with
+// KeepAlive running, is SIGSTOPped past its lease. The server closes its
+// silent session when its wait_timeout (the lease length) runs out, so a
+// second holder takes the lock, with a higher token, and writes the row;
+// the first holder's late write is fenced.
 func TestPausedHolderFenced(t *testing.T) {
-	ctx := context.Background()
-	db := testDB(t)
-	table := "paused_" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (id int PRIMARY KEY, owner text, fence bigint NOT NULL DEFAULT 0)"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, "INSERT INTO "+table+" (id, owner) VALUES (1, 'nobody')"); err != nil {
-		t.Fatal(err)
-	}
-	name := testName(t)
-	const ttl = time.Second
-	a := startWorker(t, roleHolder, lockEnv+"="+name, tableEnv+"="+table, ttlEnv+"="+ttl.String())
-	var first uint64
-	if _, err := fmt.Sscanf(a.line(t, 30*time.Second), "token %d", &first); err != nil {
-		t.Fatalf("the worker's token: %v", err)
-	}
-	if err := a.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	stopped := time.Now()
-
-	locks := newTestLocker(t, &Options{WaitChunk: time.Minute})
-	wctx, cancel := context.WithTimeout(ctx, 30*ttl)
-	defer cancel()
-	b, err := locks.Acquire(wctx, name, 10*time.Second)
-	if err != nil {
-		t.Fatalf("Acquire while the holder is paused: %v (the server should have closed its session after %v)", err, ttl)
-	}
-	defer b.Release(ctx)
-	t.Logf("the paused holder's lock passed on %v after its SIGSTOP", time.Since(stopped).Round(time.Millisecond))
-	if b.Token() <= first {
-		t.Fatalf("tokens %d then %d: not increasing", first, b.Token())
-	}
-	tbl := FencedTable{Table: table}
-	if err := tbl.Update(ctx, db, 1, b.Token(), map[string]any{"owner": "B"}); err != nil {
-		t.Fatalf("the new holder's write: %v", err)
-	}
-
-	if err := a.cmd.Process.Signal(syscall.SIGCONT); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := io.WriteString(a.in, "write\n"); err != nil {
-		t.Fatal(err)
-	}
-	if got := a.line(t, 30*time.Second); got != "write: fenced" {
-		t.Errorf("the paused holder's late write: %q, want %q", got, "write: fenced")
-	}
-	var owner string
-	var fence int64
-	if err := db.QueryRowContext(ctx, "SELECT owner, fence FROM "+table+" WHERE id = 1").Scan(&owner, &fence); err != nil {
-		t.Fatal(err)
-	}
-	if owner != "B" || uint64(fence) != b.Token() {
-		t.Errorf("the row is (%q, %d), want (\"B\", %d)", owner, fence, b.Token())
-	}
-	if err := a.cmd.Wait(); err != nil {
-		t.Errorf("the worker: %v", err)
-	}
+	locktest.PausedHolderFenced(t, locktest.PausedHolder[*Lease]{
+		Env:    []string{dbEnv + "=" + testDSN},
+		Tables: tables(testDB(t)),
+		NewLock: func(t *testing.T) herd.Lock[*Lease] {
+			return newTestLocker(t, &Options{WaitChunk: time.Minute})
+		},
+		Expiry: "the server should have closed its session",
+	})
 }
 
 // TestKilledHolder: KILL of a holder's connection (no KeepAlive, a long
@@ -214,51 +36,16 @@ func TestPausedHolderFenced(t *testing.T) {
 // and a round trip: the test allows 2s), and a waiter in another Locker
 // takes the lock with a higher token, granted by the server when the
 // session ends (its GET_LOCK waits a minute). The lost lease's Release
-// reports ErrLeaseLost and leaves the new holder's lock alone.
+// reports ErrLeaseLost and leaves the new holder's lock alone
+// (locktest.CutHolderLost).
 func TestKilledHolder(t *testing.T) {
-	ctx := context.Background()
-	name := testName(t)
-	const ttl = 20 * time.Second
-	a := newTestLocker(t, &Options{Check: 100 * time.Millisecond})
-	b := newTestLocker(t, &Options{WaitChunk: time.Minute})
-	held, err := a.TryAcquire(ctx, name, ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer held.Release(ctx)
-	wctx, cancel := context.WithTimeout(ctx, ttl/2)
-	defer cancel()
-	got := make(chan error, 1)
-	var next *Lease
-	go func() {
-		var err error
-		next, err = b.Acquire(wctx, name, ttl)
-		got <- err
-	}()
-	waitForWaiter(t, testDB(t), name)
-	start := time.Now()
-	kill(t, held)
-	timer := time.NewTimer(2 * time.Second)
-	defer timer.Stop()
-	select {
-	case <-held.Lost():
-		t.Logf("Lost closed %v after the KILL", time.Since(start).Round(time.Millisecond))
-	case <-timer.C:
-		t.Fatalf("Lost still open %v after KILL", time.Since(start))
-	}
-	if err := <-got; err != nil {
-		t.Fatalf("the waiter: %v", err)
-	}
-	defer next.Release(ctx)
-	if next.Token() <= held.Token() {
-		t.Errorf("tokens %d then %d: not increasing", held.Token(), next.Token())
-	}
-	if err := held.Release(ctx); !errors.Is(err, herd.ErrLeaseLost) {
-		t.Errorf("Release of the killed lease: %v, want ErrLeaseLost", err)
-	}
-	if _, err := a.TryAcquire(ctx, name, ttl); !errors.Is(err, herd.ErrLeaseHeld) {
-		t.Errorf("TryAcquire after the killed lease's Release: %v, want ErrLeaseHeld", err)
-	}
+	locktest.CutHolderLost(t, locktest.CutHolder[*Lease]{
+		Holder: newTestLocker(t, &Options{Check: 100 * time.Millisecond}),
+		Waiter: newTestLocker(t, &Options{WaitChunk: time.Minute}),
+		Queued: func(t *testing.T, key string) { waitForWaiter(t, testDB(t), key) },
+		Cut:    kill,
+		Bound:  2 * time.Second,
+	})
 }
 
 // waitForWaiter waits until a session waits on key's lock at the server
@@ -548,42 +335,18 @@ func TestServerDown(t *testing.T) {
 	cfg.Logger = quiet{}
 	l := New(cfg, nil)
 	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for name, call := range map[string]func(context.Context, string, time.Duration) (*Lease, error){
-		"TryAcquire": l.TryAcquire, "Acquire": l.Acquire,
-	} {
-		_, err := call(ctx, "down", time.Second)
-		if err == nil || errors.Is(err, herd.ErrLeaseHeld) || ctx.Err() != nil {
-			t.Errorf("%s with no server: %v, want a connection error at once", name, err)
-		}
-	}
+	locktest.ServerDown(t, l)
 }
 
 // TestBadOptions: invalid options panic in New, naming the field.
 func TestBadOptions(t *testing.T) {
 	cfg := mysql.NewConfig()
-	for name, opt := range map[string]*Options{
-		"MaxWait":   {MaxWait: -1},
-		"WaitChunk": {WaitChunk: time.Microsecond},
-		"Check":     {Check: -1},
-		"IdleConns": {IdleConns: -1},
-	} {
-		t.Run(name, func(t *testing.T) {
-			defer func() {
-				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), name) {
-					t.Errorf("New with a bad %s: recovered %v, want a panic naming it", name, r)
-				}
-			}()
-			New(cfg, opt).Close()
-		})
-	}
-	defer func() {
-		if recover() == nil {
-			t.Error("New(nil) did not panic")
-		}
-	}()
-	New(nil, nil)
+	locktest.BadOptions(t, map[string]func(){
+		"MaxWait":   func() { New(cfg, &Options{MaxWait: -1}).Close() },
+		"WaitChunk": func() { New(cfg, &Options{WaitChunk: time.Microsecond}).Close() },
+		"Check":     func() { New(cfg, &Options{Check: -1}).Close() },
+		"IdleConns": func() { New(cfg, &Options{IdleConns: -1}).Close() },
+	}, func() { New(nil, nil) })
 }
 
 // TestTTLRange: a lease shorter than the drift allowance allows, or

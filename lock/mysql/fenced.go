@@ -5,12 +5,11 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math"
-	"slices"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/fencedrow"
 )
 
 // DB is what [FencedTable] writes through: a *sql.DB, a *sql.Conn or a
@@ -61,52 +60,14 @@ type FencedTable struct {
 	Fence string
 }
 
+// row is f for the checks that lock/postgres and lock/mysql share.
+func (f FencedTable) row() fencedrow.Table {
+	return fencedrow.Table{Table: f.Table, ID: f.ID, Fence: f.Fence, Bigint: "BIGINT"}
+}
+
 func (f FencedTable) names() (table, id, fence string) {
-	id, fence = f.ID, f.Fence
-	if id == "" {
-		id = "id"
-	}
-	if fence == "" {
-		fence = "fence"
-	}
+	id, fence = f.row().Names()
 	return tableIdent(f.Table), ident(id), ident(fence)
-}
-
-// columns returns set's column names, sorted (the statement's text is the
-// same for the same columns), with their values in that order.
-func columns(set map[string]any) ([]string, []any, error) {
-	cols := make([]string, 0, len(set))
-	for c := range set {
-		if c == "" {
-			return nil, nil, errors.New("an empty column name")
-		}
-		cols = append(cols, c)
-	}
-	slices.Sort(cols)
-	vals := make([]any, len(cols))
-	for i, c := range cols {
-		vals[i] = set[c]
-	}
-	return cols, vals, nil
-}
-
-func (f FencedTable) check(token uint64, set map[string]any) error {
-	if f.Table == "" {
-		return errors.New("FencedTable.Table is empty")
-	}
-	if token == 0 || token > math.MaxInt64 {
-		return fmt.Errorf("token %d out of range: the fence column is a BIGINT, and tokens start at 1", token)
-	}
-	if len(set) == 0 {
-		return errors.New("no column to set")
-	}
-	id, fence := f.ID, f.Fence
-	for c := range set {
-		if c == id || c == fence || (id == "" && c == "id") || (fence == "" && c == "fence") {
-			return fmt.Errorf("column %q is the key or the fence: it cannot be set", c)
-		}
-	}
-	return nil
 }
 
 // update runs the fenced UPDATE and reports whether it wrote the row.
@@ -139,12 +100,9 @@ func (f FencedTable) update(ctx context.Context, db DB, id any, token uint64, co
 // 2^63−1) is an error, and nothing is sent. It runs one statement when
 // it writes and two when it does not.
 func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
-	if err := f.check(token, set); err != nil {
-		return fmt.Errorf("herd: fenced update: %w", err)
-	}
-	cols, vals, err := columns(set)
+	cols, vals, err := f.row().Prepare("update", token, set)
 	if err != nil {
-		return fmt.Errorf("herd: fenced update: %w", err)
+		return err
 	}
 	wrote, err := f.update(ctx, db, id, token, cols, vals)
 	if err != nil {
@@ -164,7 +122,7 @@ func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, se
 	case top == int64(token):
 		return nil
 	}
-	return fencedError(f.Table, id, token, top)
+	return fencedrow.Fenced(f.Table, id, token, top)
 }
 
 // fence reads the fence of the row id (sql.ErrNoRows: no such row). The
@@ -175,12 +133,6 @@ func (f FencedTable) fence(ctx context.Context, db DB, id any) (int64, error) {
 	var top int64
 	err := db.QueryRowContext(ctx, "SELECT "+fenceCol+" FROM "+table+" WHERE "+idCol+" = ? LOCK IN SHARE MODE", id).Scan(&top)
 	return top, err
-}
-
-// fencedError is the error of a write refused because the row's fence,
-// top, is above token.
-func fencedError(table string, id any, token uint64, top int64) error {
-	return fmt.Errorf("%w: %s %v: the row's fence is %d, above the write's token %d", herd.ErrFenced, table, id, top, token)
 }
 
 // Upsert is [FencedTable.Update] with an insert path: a missing row is
@@ -197,12 +149,9 @@ func fencedError(table string, id any, token uint64, top int64) error {
 // then, so a row inserted by an older token in between is still
 // overwritten).
 func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
-	if err := f.check(token, set); err != nil {
-		return fmt.Errorf("herd: fenced upsert: %w", err)
-	}
-	cols, vals, err := columns(set)
+	cols, vals, err := f.row().Prepare("upsert", token, set)
 	if err != nil {
-		return fmt.Errorf("herd: fenced upsert: %w", err)
+		return err
 	}
 	table, idCol, fenceCol := f.names()
 	quoted := make([]string, len(cols))
@@ -235,7 +184,7 @@ func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, se
 			case top == int64(token):
 				return nil
 			}
-			return fencedError(f.Table, id, token, top)
+			return fencedrow.Fenced(f.Table, id, token, top)
 		}
 		_, err = db.ExecContext(ctx, insert, append([]any{id, int64(token)}, vals...)...)
 		dup = err

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/locktest"
 )
 
 // TestAcquireWaitLongerThanTTL: an Acquire that waits longer than
@@ -43,58 +44,22 @@ func TestAcquireWaitLongerThanTTL(t *testing.T) {
 	}
 }
 
-// TestFenceTableDropped: a Locker whose fence table was dropped
-// after it created it must create it again (its doc: "created if
-// missing"), and hand out higher tokens.
+// TestFenceTableDropped: a Locker whose fence table was dropped after it
+// created it must create it again (its doc: "created if missing"), and
+// hand out higher tokens (locktest.FenceTableDropped).
 func TestFenceTableDropped(t *testing.T) {
-	l := newTestLocker(t, &Options{Table: "attack_dropped_fence"})
-	db := testDB(t)
-	ctx := context.Background()
-	key := testName(t)
-	lease, err := l.TryAcquire(ctx, key, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := lease.Token()
-	if err := lease.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.ExecContext(ctx, "DROP TABLE attack_dropped_fence"); err != nil {
-		t.Fatal(err)
-	}
-	lease, err = l.TryAcquire(ctx, key, time.Second)
-	if err != nil {
-		t.Fatalf("TryAcquire after the fence table was dropped: %v", err)
-	}
-	defer lease.Release(ctx)
-	if lease.Token() <= first {
-		t.Errorf("token after the drop: %d, want above %d", lease.Token(), first)
-	}
+	locktest.FenceTableDropped(t, newTestLocker(t, &Options{Table: "attack_dropped_fence"}), func(t *testing.T) {
+		if _, err := testDB(t).Exec("DROP TABLE attack_dropped_fence"); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
 
-// TestKeepAliveCapBeforeFirstRenewal: KeepAlive's maxHold is an
-// absolute cap on the holding, counted from the acquire. A cap shorter
-// than the first renewal's wait (a third to a half of the lease) must
-// still end the lease at the cap, not at the lease's own end.
+// TestKeepAliveCapBeforeFirstRenewal: KeepAlive's cap ends the lease
+// even when it comes before the first renewal
+// (locktest.KeepAliveCapBeforeFirstRenewal).
 func TestKeepAliveCapBeforeFirstRenewal(t *testing.T) {
-	l := newTestLocker(t, nil)
-	ctx := context.Background()
-	const ttl, maxHold = 6 * time.Second, 300 * time.Millisecond
-	lease, err := l.TryAcquire(ctx, testName(t), ttl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lease.Release(ctx)
-	capAt := time.Now().Add(maxHold)
-	lease.KeepAlive(maxHold)
-	if d := lease.Deadline(); d.After(capAt) {
-		t.Errorf("Deadline %v after KeepAlive(%v), past the cap by %v", d, maxHold, d.Sub(capAt))
-	}
-	select {
-	case <-lease.Lost():
-	case <-time.After(ttl / 2):
-		t.Errorf("Lost still open %v after the acquire, with KeepAlive(%v)", ttl/2, maxHold)
-	}
+	locktest.KeepAliveCapBeforeFirstRenewal(t, newTestLocker(t, nil))
 }
 
 // TestUpsertOtherUniqueKey: Upsert's doc says ErrFenced means the
@@ -282,78 +247,42 @@ func TestCancelBeforeWaitStarts(t *testing.T) {
 // TestCancelWhileTableCreationBlocks: as in lock/postgres: while
 // another attempt of the Locker is stuck creating the fence table (its
 // CREATE TABLE IF NOT EXISTS waits for the metadata lock that another
-// session's open transaction holds on the table), a TryAcquire with a
-// short context must return when that context ends. Bound: 2s (the
-// context is 200ms; the stuck attempt's is 20s).
+// session's LOCK TABLES holds on the table), a TryAcquire with a short
+// context returns when that context ends
+// (locktest.CancelWhileTableCreationBlocks).
 func TestCancelWhileTableCreationBlocks(t *testing.T) {
 	ctx := context.Background()
 	db := testDB(t)
 	// A table of its own per run (-count > 1 shares the test database).
 	table := fmt.Sprintf("attack_blocked_fence_%d", time.Now().UnixNano())
-	defer db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table)
+	t.Cleanup(func() { db.ExecContext(ctx, "DROP TABLE IF EXISTS "+table) })
 	if _, err := db.ExecContext(ctx, "CREATE TABLE "+table+" (name VARBINARY(64) NOT NULL PRIMARY KEY, token BIGINT UNSIGNED NOT NULL) ENGINE=InnoDB"); err != nil {
 		t.Fatal(err)
 	}
-	tx, err := db.BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback()
-	if _, err := tx.ExecContext(ctx, "LOCK TABLES "+table+" WRITE"); err != nil {
-		t.Fatal(err)
-	}
-	l := newTestLocker(t, &Options{Table: table})
-	stuckCtx, stuckCancel := context.WithTimeout(ctx, 20*time.Second)
-	defer stuckCancel()
-	stuck := make(chan error, 1)
-	go func() {
-		lease, err := l.TryAcquire(stuckCtx, testName(t), time.Second)
-		if lease != nil {
-			lease.Release(ctx)
-		}
-		stuck <- err
-	}()
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		var n int
-		if err := db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.processlist WHERE state LIKE 'Waiting for table metadata lock' AND info LIKE 'CREATE TABLE IF NOT EXISTS%'").Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the first attempt's CREATE never waited")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() {
-		lease, err := l.TryAcquire(short, testName(t), time.Second)
-		if lease != nil {
-			lease.Release(ctx)
-		}
-		done <- err
-	}()
-	returned := false
-	select {
-	case err := <-done:
-		returned = true
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Errorf("TryAcquire: %v, want its context's end", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Errorf("TryAcquire with a 200ms context still running after %v", time.Since(start))
-	}
-	_, _ = tx.ExecContext(ctx, "UNLOCK TABLES")
-	tx.Rollback()
-	stuckCancel()
-	<-stuck
-	if !returned {
-		<-done
-	}
+	locktest.CancelWhileTableCreationBlocks(t, locktest.TableCreationBlocked[*Lease]{
+		Lock: newTestLocker(t, &Options{Table: table}),
+		Block: func(t *testing.T) func() {
+			tx, err := db.BeginTx(ctx, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { tx.Rollback() })
+			if _, err := tx.ExecContext(ctx, "LOCK TABLES "+table+" WRITE"); err != nil {
+				t.Fatal(err)
+			}
+			return func() {
+				_, _ = tx.ExecContext(ctx, "UNLOCK TABLES")
+				tx.Rollback()
+			}
+		},
+		Waiting: func(t *testing.T) bool {
+			var n int
+			if err := db.QueryRowContext(ctx, "SELECT count(*) FROM information_schema.processlist WHERE state LIKE 'Waiting for table metadata lock' AND info LIKE 'CREATE TABLE IF NOT EXISTS%'").Scan(&n); err != nil {
+				t.Fatal(err)
+			}
+			return n > 0
+		},
+	})
 }
 
 // TestLeaseAfterClose: Close's doc says leases handed out before it

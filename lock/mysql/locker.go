@@ -16,6 +16,8 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/internal/lockgate"
+	"github.com/herdkit/herd/internal/lockopt"
 )
 
 // Options configures a [Locker]. A nil *Options, and every zero field,
@@ -72,11 +74,7 @@ func (o *Options) resolve() config {
 	if in.Table != "" {
 		c.table = in.Table
 	}
-	for name, d := range map[string]time.Duration{"MaxWait": in.MaxWait, "WaitChunk": in.WaitChunk, "Check": in.Check} {
-		if d < 0 {
-			panic(fmt.Sprintf("mysql: Options.%s is %v; it must be 0 (the default) or more", name, d))
-		}
-	}
+	lockopt.NonNegative("mysql", map[string]time.Duration{"MaxWait": in.MaxWait, "WaitChunk": in.WaitChunk, "Check": in.Check})
 	if in.WaitChunk > 0 {
 		if in.WaitChunk < time.Millisecond {
 			panic(fmt.Sprintf("mysql: Options.WaitChunk is %v; it must be 0 (the default) or at least 1ms", in.WaitChunk))
@@ -86,12 +84,7 @@ func (o *Options) resolve() config {
 	if in.Check > 0 {
 		c.check = in.Check
 	}
-	if in.IdleConns < 0 {
-		panic(fmt.Sprintf("mysql: Options.IdleConns is %d; it must be 0 (the default) or more", in.IdleConns))
-	}
-	if in.IdleConns > 0 {
-		c.idle = in.IdleConns
-	}
+	c.idle = lockopt.Count("mysql", "IdleConns", in.IdleConns, c.idle)
 	return c
 }
 
@@ -103,13 +96,8 @@ const (
 	maxLease = 31536000 * time.Second
 )
 
-func checkTTL(ttl time.Duration) error {
-	if ttl < minLease || ttl > maxLease {
-		return fmt.Errorf("%w: %v (a MySQL lease must be between %v and %v, the server's wait_timeout limit)",
-			herd.ErrInvalidTTL, ttl, minLease, maxLease)
-	}
-	return nil
-}
+// ttls checks a lease length against them.
+var ttls = lockopt.TTLRange{Min: minLease, Max: maxLease, Lease: "a MySQL lease", Why: ", the server's wait_timeout limit"}
 
 // waitTimeout is the session's wait_timeout for a lease of ttl: ttl in
 // whole seconds, rounded up (the variable's unit), at least 1.
@@ -144,11 +132,7 @@ type Locker struct {
 	tableMu chan struct{} // a semaphore of one: guards tableOK, waited for with the caller's context
 	tableOK bool          // the fence table exists
 
-	root   context.Context // cancelled by Close
-	cancel context.CancelFunc
-	mu     sync.Mutex // guards closed against calls starting
-	closed bool
-	calls  sync.WaitGroup // running calls
+	gate lockgate.Gate // the running calls, and Close
 
 	// The goroutines of the waits: each waiting GET_LOCK runs in one, and
 	// each wait whose Acquire left before its GET_LOCK returned (a stray)
@@ -186,24 +170,10 @@ func New(cfg *mysql.Config, opt *Options) *Locker {
 	}
 	l := &Locker{db: sql.OpenDB(conn), cfg: c, tableMu: make(chan struct{}, 1)}
 	l.db.SetMaxIdleConns(c.idle)
-	l.root, l.cancel = context.WithCancel(context.Background())
+	l.gate.Init()
 	l.cut, l.cutStray = context.WithCancel(context.Background())
 	return l
 }
-
-// enter registers a call; it fails with ErrClosed after Close. Every
-// successful enter is paired with a leave.
-func (l *Locker) enter() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return herd.ErrClosed
-	}
-	l.calls.Add(1)
-	return nil
-}
-
-func (l *Locker) leave() { l.calls.Done() }
 
 // Close stops the Locker: TryAcquire and Acquire called after it return
 // [herd.ErrClosed], an Acquire still waiting returns it at once (its
@@ -217,15 +187,9 @@ func (l *Locker) leave() { l.calls.Done() }
 // connection, and its Extend, KeepAlive and Release keep working, so a
 // holder can finish its work and give the lock back. Close is idempotent.
 func (l *Locker) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	if !l.gate.Close() {
 		return nil
 	}
-	l.closed = true
-	l.cancel()
-	l.mu.Unlock()
-	l.calls.Wait()
 	l.cutStray()
 	l.strays.Wait()
 	return l.db.Close()
@@ -237,21 +201,6 @@ func (l *Locker) Close() error {
 func lockName(key string) string {
 	sum := sha256.Sum256([]byte("herd-lock:" + key))
 	return "herd:" + hex.EncodeToString(sum[:24])
-}
-
-// prepare checks the arguments.
-func prepare(key string, ttl time.Duration) error {
-	if err := herd.CheckLockKey(key); err != nil {
-		return err
-	}
-	return checkTTL(ttl)
-}
-
-// bound returns ctx, also cancelled by Close.
-func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(l.root, cancel)
-	return ctx, func() { stop(); cancel() }
 }
 
 // TryAcquire takes the lock on key for ttl, or fails at once with an
@@ -268,14 +217,14 @@ func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc
 // the call closes the attempt's connection, which frees whatever the
 // attempt took.
 func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
-	if err := l.enter(); err != nil {
+	if err := l.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer l.leave()
-	if err := prepare(key, ttl); err != nil {
+	defer l.gate.Leave()
+	if err := ttls.Prepare(key, ttl); err != nil {
 		return nil, err
 	}
-	ctx, cancel := l.bound(ctx)
+	ctx, cancel := l.gate.Bound(ctx)
 	defer cancel()
 	a, err := l.attempt(ctx, key, ttl)
 	if err != nil {
@@ -318,21 +267,21 @@ func (l *Locker) TryAcquire(ctx context.Context, key string, ttl time.Duration) 
 // [Locker.Close], and when Close ends its wait, it returns
 // [herd.ErrClosed].
 func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*Lease, error) {
-	if err := l.enter(); err != nil {
+	if err := l.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer l.leave()
-	if err := prepare(key, ttl); err != nil {
+	defer l.gate.Leave()
+	if err := ttls.Prepare(key, ttl); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("herd: acquire %q: %w", key, err)
 	}
-	bctx, cancel := l.bound(ctx)
+	bctx, cancel := l.gate.Bound(ctx)
 	defer cancel()
 	a, err := l.attempt(bctx, key, ttl)
 	if err != nil {
-		return nil, l.acquireErr(ctx, key, err)
+		return nil, l.gate.AcquireErr(ctx, key, err)
 	}
 	if a.lease != nil {
 		return a.lease, nil
@@ -355,26 +304,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 			return nil, fmt.Errorf("%w after %v: %w (%w)", herd.ErrWaitTimeout, maxWait, herd.ErrLeaseHeld, err)
 		}
 		if err != nil {
-			return nil, l.acquireErr(ctx, key, err)
+			return nil, l.gate.AcquireErr(ctx, key, err)
 		}
 		if won {
 			return lease, nil
 		}
 	}
-}
-
-// acquireErr maps an attempt's error for Acquire's caller: the context's
-// end (joined with ErrLeaseHeld, as a wait cut short), or Close's.
-func (l *Locker) acquireErr(ctx context.Context, key string, err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil:
-		return errors.Join(herd.ErrLeaseHeld, ctx.Err())
-	case l.root.Err() != nil:
-		return fmt.Errorf("%w: acquire %q", herd.ErrClosed, key)
-	}
-	return err
 }
 
 // attempt is an attempt's connection, its server id, and the lease when

@@ -11,15 +11,14 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
-	"go.uber.org/goleak"
+	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/locktest"
 )
 
 // Environment of the tests.
 const (
-	dsnEnv     = "HERD_MYSQL_DSN"     // the server's admin DSN
-	requireEnv = "HERD_REQUIRE_REDIS" // 1: a missing server fails the tests (herd's CI variable for every server)
-	workerEnv  = "HERD_MYSQL_WORKER"  // set when the test binary runs as a worker process
-	dbEnv      = "HERD_MYSQL_DB"      // the worker's database DSN
+	dsnEnv     = "HERD_MYSQL_DSN" // the server's admin DSN
+	dbEnv      = "HERD_MYSQL_DB"  // the worker process's database DSN (see holder)
 	defaultDSN = "root@tcp(127.0.0.1:3306)/test"
 )
 
@@ -31,40 +30,50 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(workerEnv); role != "" {
-		os.Exit(runWorker(role))
+	if code, ok := locktest.RunWorker(holder); ok {
+		os.Exit(code)
 	}
-	os.Exit(run(m))
-}
-
-func run(m *testing.M) int {
 	admin := os.Getenv(dsnEnv)
 	if admin == "" {
 		admin = defaultDSN
 	}
-	drop, err := createDB(admin)
+	os.Exit(locktest.Main(m, locktest.Server{
+		Name: "MySQL or MariaDB at " + admin,
+		Err:  &dbErr,
+		Start: func() (func() error, error) {
+			return createDB(admin)
+		},
+	}))
+}
+
+// holder is the worker process's holder of locktest.PausedHolderFenced:
+// a Locker, and the fenced table, on the database of $HERD_MYSQL_DB.
+func holder(context.Context) (herd.Lock[*Lease], locktest.TableRig, func(), error) {
+	db, cfg, err := openDB(os.Getenv(dbEnv)) // the data's own connections
 	if err != nil {
-		if os.Getenv(requireEnv) == "1" {
-			fmt.Fprintf(os.Stderr, "MySQL or MariaDB at %s is needed (%s=1): %v\n", admin, requireEnv, err)
-			return 1
-		}
-		dbErr = err
-		return m.Run()
+		return nil, locktest.TableRig{}, nil, err
 	}
-	code := m.Run()
-	if err := drop(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		if code == 0 {
-			code = 1
-		}
+	locks := New(cfg, nil)
+	return locks, tables(db), func() { locks.Close(); db.Close() }, nil
+}
+
+// tables is the locktest.TableRig of db, with FencedTable's writes.
+func tables(db *sql.DB) locktest.TableRig {
+	return locktest.TableRig{
+		Exec: func(ctx context.Context, stmt string) error {
+			_, err := db.ExecContext(ctx, stmt)
+			return err
+		},
+		Query: func(ctx context.Context, query string, dst ...any) error {
+			return db.QueryRowContext(ctx, query).Scan(dst...)
+		},
+		Update: func(ctx context.Context, table string, id any, token uint64, set map[string]any) error {
+			return FencedTable{Table: table}.Update(ctx, db, id, token, set)
+		},
+		Upsert: func(ctx context.Context, table string, id any, token uint64, set map[string]any) error {
+			return FencedTable{Table: table}.Upsert(ctx, db, id, token, set)
+		},
 	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	return code
 }
 
 // quiet is the driver's logger in the tests: the tests break connections
@@ -126,7 +135,7 @@ func createDB(admin string) (func() error, error) {
 func testConfig(t testing.TB) *mysql.Config {
 	t.Helper()
 	if testDSN == "" {
-		t.Skipf("no MySQL or MariaDB server: %v (set %s=1 to fail instead)", dbErr, requireEnv)
+		locktest.Skip(t, "MySQL or MariaDB server", dbErr)
 	}
 	cfg, err := mysql.ParseDSN(testDSN)
 	if err != nil {

@@ -4,12 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
-	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/fencedrow"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -59,52 +58,14 @@ type FencedTable struct {
 	Fence string
 }
 
+// row is f for the checks that lock/postgres and lock/mysql share.
+func (f FencedTable) row() fencedrow.Table {
+	return fencedrow.Table{Table: f.Table, ID: f.ID, Fence: f.Fence, Bigint: "bigint"}
+}
+
 func (f FencedTable) names() (table, id, fence string) {
-	id, fence = f.ID, f.Fence
-	if id == "" {
-		id = "id"
-	}
-	if fence == "" {
-		fence = "fence"
-	}
+	id, fence = f.row().Names()
 	return tableIdent(f.Table), pgx.Identifier{id}.Sanitize(), pgx.Identifier{fence}.Sanitize()
-}
-
-// columns returns set's column names, sorted (the statement's text is the
-// same for the same columns), with their values in that order.
-func columns(set map[string]any) ([]string, []any, error) {
-	cols := make([]string, 0, len(set))
-	for c := range set {
-		if c == "" {
-			return nil, nil, errors.New("an empty column name")
-		}
-		cols = append(cols, c)
-	}
-	slices.Sort(cols)
-	vals := make([]any, len(cols))
-	for i, c := range cols {
-		vals[i] = set[c]
-	}
-	return cols, vals, nil
-}
-
-func (f FencedTable) check(token uint64, set map[string]any) error {
-	if f.Table == "" {
-		return errors.New("FencedTable.Table is empty")
-	}
-	if token == 0 || token > math.MaxInt64 {
-		return fmt.Errorf("token %d out of range: the fence column is a bigint, and tokens start at 1", token)
-	}
-	if len(set) == 0 {
-		return errors.New("no column to set")
-	}
-	id, fence := f.ID, f.Fence
-	for c := range set {
-		if c == id || c == fence || (id == "" && c == "id") || (fence == "" && c == "fence") {
-			return fmt.Errorf("column %q is the key or the fence: it cannot be set", c)
-		}
-	}
-	return nil
 }
 
 // Update sets the columns in set on the row whose key is id, and its fence
@@ -117,12 +78,9 @@ func (f FencedTable) check(token uint64, set map[string]any) error {
 // column, the key or the fence among the columns, a token of 0 or above
 // 2^63−1) is an error, and nothing is sent.
 func (f FencedTable) Update(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
-	if err := f.check(token, set); err != nil {
-		return fmt.Errorf("herd: fenced update: %w", err)
-	}
-	cols, vals, err := columns(set)
+	cols, vals, err := f.row().Prepare("update", token, set)
 	if err != nil {
-		return fmt.Errorf("herd: fenced update: %w", err)
+		return err
 	}
 	table, idCol, fenceCol := f.names()
 	var b strings.Builder
@@ -155,13 +113,7 @@ func (f FencedTable) refused(ctx context.Context, db DB, op string, id any, toke
 	case err != nil:
 		return fmt.Errorf("herd: fenced %s of %s %v: nothing written; reading its fence: %w", op, f.Table, id, err)
 	}
-	return fencedError(f.Table, id, token, top)
-}
-
-// fencedError is the error of a write refused because the row's fence,
-// top, is above token.
-func fencedError(table string, id any, token uint64, top int64) error {
-	return fmt.Errorf("%w: %s %v: the row's fence is %d, above the write's token %d", herd.ErrFenced, table, id, top, token)
+	return fencedrow.Fenced(f.Table, id, token, top)
 }
 
 // Upsert is [FencedTable.Update] with an insert path: a missing row is
@@ -172,12 +124,9 @@ func fencedError(table string, id any, token uint64, top int64) error {
 // It needs a unique index
 // or primary key on the key column.
 func (f FencedTable) Upsert(ctx context.Context, db DB, id any, token uint64, set map[string]any) error {
-	if err := f.check(token, set); err != nil {
-		return fmt.Errorf("herd: fenced upsert: %w", err)
-	}
-	cols, vals, err := columns(set)
+	cols, vals, err := f.row().Prepare("upsert", token, set)
 	if err != nil {
-		return fmt.Errorf("herd: fenced upsert: %w", err)
+		return err
 	}
 	table, idCol, fenceCol := f.names()
 	quoted := make([]string, len(cols))

@@ -1,7 +1,6 @@
 package postgres
 
 import (
-	"context"
 	"testing"
 
 	"github.com/herdkit/herd/locktest"
@@ -11,23 +10,9 @@ import (
 // TABLE make tables FencedTable writes, by the one equal-token rule
 // (locktest.FencedTableSchema), on the machine's PostgreSQL.
 func TestFencedTableDocSchema(t *testing.T) {
-	db := testConn(t)
 	locktest.FencedTableSchema(t, locktest.SchemaRig{
 		DocFile:    "doc.go",
 		PlainTable: "CREATE TABLE %s (id bigint PRIMARY KEY, balance bigint NOT NULL)",
-		Exec: func(ctx context.Context, stmt string) error {
-			_, err := db.Exec(ctx, stmt)
-			return err
-		},
-		Row: func(ctx context.Context, table string) (b, f int64, err error) {
-			err = db.QueryRow(ctx, "SELECT balance, fence FROM "+table+" WHERE id = 1").Scan(&b, &f)
-			return b, f, err
-		},
-		Update: func(ctx context.Context, table string, token uint64, balance int64) error {
-			return FencedTable{Table: table}.Update(ctx, db, 1, token, map[string]any{"balance": balance})
-		},
-		Upsert: func(ctx context.Context, table string, token uint64, balance int64) error {
-			return FencedTable{Table: table}.Upsert(ctx, db, 1, token, map[string]any{"balance": balance})
-		},
+		TableRig:   tables(testConn(t)),
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/locktest"
 )
 
 // fencedTable creates a table for FencedTable's tests: key id, a value
@@ -78,54 +79,14 @@ func TestFencedTable(t *testing.T) {
 }
 
 // TestFencedTableBadInput: invalid calls fail without touching the
-// database.
+// database (locktest.FencedTableBadInput).
 func TestFencedTableBadInput(t *testing.T) {
-	ctx := context.Background()
-	tbl, _ := fencedTable(t)
-	db := testConn(t)
-	for name, call := range map[string]func() error{
-		"no table":      func() error { return FencedTable{}.Update(ctx, db, 1, 1, map[string]any{"v": "x"}) },
-		"no column":     func() error { return tbl.Update(ctx, db, 1, 1, nil) },
-		"empty column":  func() error { return tbl.Upsert(ctx, db, 1, 1, map[string]any{"": "x"}) },
-		"the fence":     func() error { return tbl.Update(ctx, db, 1, 1, map[string]any{"fence": 9}) },
-		"the key":       func() error { return tbl.Upsert(ctx, db, 1, 1, map[string]any{"id": 2}) },
-		"token 0":       func() error { return tbl.Update(ctx, db, 1, 0, map[string]any{"v": "x"}) },
-		"token too big": func() error { return tbl.Upsert(ctx, db, 1, 1<<63, map[string]any{"v": "x"}) },
-	} {
-		if err := call(); err == nil || errors.Is(err, herd.ErrFenced) || errors.Is(err, herd.ErrNotFound) {
-			t.Errorf("%s: %v, want an invalid-call error", name, err)
-		}
-	}
+	locktest.FencedTableBadInput(t, tables(testConn(t)))
 }
 
 // TestFencedTableWithLocks: tokens of two holders in turn, written through
 // FencedTable: the second holder's write lands, the first's late write is
-// refused.
+// refused (locktest.FencedTableWithLocks).
 func TestFencedTableWithLocks(t *testing.T) {
-	ctx := context.Background()
-	tbl, row := fencedTable(t)
-	db := testConn(t)
-	l := newTestLocker(t, nil)
-	name := testName(t)
-	a, err := l.TryAcquire(ctx, name, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := a.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	b, err := l.TryAcquire(ctx, name, time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Release(ctx)
-	if err := tbl.Upsert(ctx, db, 1, b.Token(), map[string]any{"v": "B"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := tbl.Upsert(ctx, db, 1, a.Token(), map[string]any{"v": "A"}); !errors.Is(err, herd.ErrFenced) {
-		t.Errorf("the older holder's write: %v, want ErrFenced", err)
-	}
-	if v, _, _ := row(1); v != "B" {
-		t.Errorf("the row holds %q, want %q", v, "B")
-	}
+	locktest.FencedTableWithLocks(t, tables(testConn(t)), newTestLocker(t, nil))
 }

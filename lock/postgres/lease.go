@@ -226,7 +226,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return herd.ErrLeaseLost
 	}
-	if err := checkTTL(ttl); err != nil {
+	if err := ttls.Check(ttl); err != nil {
 		return err
 	}
 	return l.extend(ctx, ttl)

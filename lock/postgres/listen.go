@@ -38,7 +38,7 @@ func newListener(l *Locker) *listener {
 }
 
 // subscribe registers a waiter for key, starting the listening connection
-// if it is not running yet. The caller holds a call of the Locker (enter).
+// if it is not running yet. The caller holds a call of the Locker (Enter).
 func (ln *listener) subscribe(key int64) *subscription {
 	s := &subscription{ln: ln, key: key, c: make(chan struct{}, 1)}
 	ln.mu.Lock()
@@ -96,7 +96,7 @@ func (ln *listener) wait() { ln.wg.Wait() }
 // run keeps the listening connection up until Close.
 func (ln *listener) run() {
 	defer ln.wg.Done()
-	ctx := ln.l.root
+	ctx := ln.l.gate.Root()
 	backoff := 10 * time.Millisecond
 	timer := time.NewTimer(0)
 	defer timer.Stop()

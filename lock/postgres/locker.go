@@ -7,11 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/internal/lockgate"
+	"github.com/herdkit/herd/internal/lockopt"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
@@ -77,11 +78,7 @@ func (o *Options) resolve() config {
 	if in.Channel != "" {
 		c.channel = in.Channel
 	}
-	for name, d := range map[string]time.Duration{"MaxWait": in.MaxWait, "PollMin": in.PollMin, "PollMax": in.PollMax} {
-		if d < 0 {
-			panic(fmt.Sprintf("postgres: Options.%s is %v; it must be 0 (the default) or more", name, d))
-		}
-	}
+	lockopt.NonNegative("postgres", map[string]time.Duration{"MaxWait": in.MaxWait, "PollMin": in.PollMin, "PollMax": in.PollMax})
 	if in.PollMin > 0 {
 		c.pollMin = in.PollMin
 	}
@@ -91,12 +88,7 @@ func (o *Options) resolve() config {
 	if c.pollMax < c.pollMin {
 		panic(fmt.Sprintf("postgres: Options.PollMax (%v) is below PollMin (%v)", c.pollMax, c.pollMin))
 	}
-	if in.IdleConns < 0 {
-		panic(fmt.Sprintf("postgres: Options.IdleConns is %d; it must be 0 (the default) or more", in.IdleConns))
-	}
-	if in.IdleConns > 0 {
-		c.idle = in.IdleConns
-	}
+	c.idle = lockopt.Count("postgres", "IdleConns", in.IdleConns, c.idle)
 	return c
 }
 
@@ -108,13 +100,8 @@ const (
 	maxLease = (1<<31 - 1) * time.Millisecond
 )
 
-func checkTTL(ttl time.Duration) error {
-	if ttl < minLease || ttl > maxLease {
-		return fmt.Errorf("%w: %v (a PostgreSQL lease must be between %v and %v, PostgreSQL's idle_session_timeout limit)",
-			herd.ErrInvalidTTL, ttl, minLease, maxLease)
-	}
-	return nil
-}
+// ttls checks a lease length against them.
+var ttls = lockopt.TTLRange{Min: minLease, Max: maxLease, Lease: "a PostgreSQL lease", Why: ", PostgreSQL's idle_session_timeout limit"}
 
 // Locker is a lock in PostgreSQL: each lease is a session-level advisory
 // lock (pg_try_advisory_lock) held by a connection of its own, with a
@@ -146,11 +133,7 @@ type Locker struct {
 	tableMu chan struct{} // a semaphore of one: guards tableOK, waited for with the caller's context
 	tableOK bool          // the fence table exists
 
-	root   context.Context // cancelled by Close
-	cancel context.CancelFunc
-	mu     sync.Mutex // guards closed against calls starting
-	closed bool
-	calls  sync.WaitGroup // running calls, and goroutines started by them
+	gate lockgate.Gate // the running calls, and Close
 }
 
 // New returns a Locker whose connections are opened with conf (for
@@ -174,24 +157,10 @@ func New(conf *pgx.ConnConfig, opt *Options) *Locker {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
 	}
 	l.idle = make(chan *pgx.Conn, l.cfg.idle)
-	l.root, l.cancel = context.WithCancel(context.Background())
+	l.gate.Init()
 	l.ln = newListener(l)
 	return l
 }
-
-// enter registers a call; it fails with ErrClosed after Close. Every
-// successful enter is paired with a leave.
-func (l *Locker) enter() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return herd.ErrClosed
-	}
-	l.calls.Add(1)
-	return nil
-}
-
-func (l *Locker) leave() { l.calls.Done() }
 
 // Close stops the Locker: TryAcquire and Acquire called after it return
 // [herd.ErrClosed], an Acquire still waiting returns it at once, and the
@@ -200,15 +169,9 @@ func (l *Locker) leave() { l.calls.Done() }
 // connection, and its Extend, KeepAlive and Release keep working, so a
 // holder can finish its work and give the lock back. Close is idempotent.
 func (l *Locker) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	if !l.gate.Close() {
 		return nil
 	}
-	l.closed = true
-	l.cancel()
-	l.mu.Unlock()
-	l.calls.Wait()
 	l.ln.wait()
 	for {
 		select {
@@ -248,7 +211,7 @@ func (l *Locker) putBack(c *pgx.Conn) {
 	if c.IsClosed() {
 		return
 	}
-	if l.root.Err() == nil {
+	if l.gate.Root().Err() == nil {
 		select {
 		case l.idle <- c:
 			return
@@ -280,14 +243,6 @@ func rowName(name string) []byte {
 	return append([]byte("herd-sha256:"), sum[:]...)
 }
 
-// prepare checks the arguments.
-func prepare(name string, ttl time.Duration) error {
-	if err := herd.CheckLockKey(name); err != nil {
-		return err
-	}
-	return checkTTL(ttl)
-}
-
 // TryAcquire takes the lock on name for ttl, or fails at once with an
 // error wrapping [herd.ErrLeaseHeld] when another owner holds it. It takes
 // two round trips when it wins (the advisory lock, then the token and the
@@ -301,23 +256,16 @@ func prepare(name string, ttl time.Duration) error {
 // [herd.ErrClosed]. A context that ends during the call ends the
 // attempt's connection, which frees whatever the attempt took.
 func (l *Locker) TryAcquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := l.enter(); err != nil {
+	if err := l.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer l.leave()
-	if err := prepare(name, ttl); err != nil {
+	defer l.gate.Leave()
+	if err := ttls.Prepare(name, ttl); err != nil {
 		return nil, err
 	}
-	ctx, cancel := l.bound(ctx)
+	ctx, cancel := l.gate.Bound(ctx)
 	defer cancel()
 	return l.try(ctx, name, lockKey(name), ttl)
-}
-
-// bound returns ctx, also cancelled by Close.
-func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(l.root, cancel)
-	return ctx, func() { stop(); cancel() }
 }
 
 // Acquire takes the lock on name for ttl, waiting while another owner
@@ -331,22 +279,22 @@ func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc
 // [Locker.TryAcquire]. After [Locker.Close], and when Close ends its
 // wait, it returns [herd.ErrClosed].
 func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*Lease, error) {
-	if err := l.enter(); err != nil {
+	if err := l.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer l.leave()
-	if err := prepare(name, ttl); err != nil {
+	defer l.gate.Leave()
+	if err := ttls.Prepare(name, ttl); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("herd: acquire %q: %w", name, err)
 	}
 	key := lockKey(name)
-	bctx, cancel := l.bound(ctx)
+	bctx, cancel := l.gate.Bound(ctx)
 	defer cancel()
 	got, err := l.try(bctx, name, key, ttl)
 	if got != nil || !errors.Is(err, herd.ErrLeaseHeld) {
-		return got, l.acquireErr(ctx, name, err)
+		return got, l.gate.AcquireErr(ctx, name, err)
 	}
 
 	maxWait := l.cfg.maxWait
@@ -368,7 +316,7 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 		select {
 		case <-ctx.Done():
 			return nil, errors.Join(herd.ErrLeaseHeld, ctx.Err())
-		case <-l.root.Done():
+		case <-l.gate.Root().Done():
 			return nil, fmt.Errorf("%w: acquire %q", herd.ErrClosed, name)
 		case <-limit.C:
 			return nil, fmt.Errorf("%w after %v: %w", herd.ErrWaitTimeout, maxWait, herd.ErrLeaseHeld)
@@ -378,25 +326,11 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 		}
 		got, err = l.try(bctx, name, key, ttl)
 		if got != nil || !errors.Is(err, herd.ErrLeaseHeld) {
-			return got, l.acquireErr(ctx, name, err)
+			return got, l.gate.AcquireErr(ctx, name, err)
 		}
 		poll.Reset(lease.Jitter(backoff))
 		backoff = min(2*backoff, l.cfg.pollMax)
 	}
-}
-
-// acquireErr maps an attempt's error for Acquire's caller: the context's
-// end (joined with ErrLeaseHeld, as a wait cut short), or Close's.
-func (l *Locker) acquireErr(ctx context.Context, name string, err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case ctx.Err() != nil:
-		return errors.Join(herd.ErrLeaseHeld, ctx.Err())
-	case l.root.Err() != nil:
-		return fmt.Errorf("%w: acquire %q", herd.ErrClosed, name)
-	}
-	return err
 }
 
 // try runs one attempt: the advisory lock on a connection of its own,
@@ -522,11 +456,11 @@ func (l *Locker) ensureTable(ctx context.Context) error {
 // and so freed its locks, so that a waiter woken by it finds the lock
 // free.
 func (l *Locker) hint(key int64, pid uint32) {
-	if l.enter() != nil {
+	if l.gate.Enter() != nil {
 		return
 	}
-	defer l.leave()
-	ctx, cancel := context.WithTimeout(l.root, time.Second)
+	defer l.gate.Leave()
+	ctx, cancel := context.WithTimeout(l.gate.Root(), time.Second)
 	defer cancel()
 	c, err := l.conn(ctx)
 	if err != nil {

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"io"
 	"net"
 	"strings"
@@ -18,6 +17,7 @@ import (
 	"github.com/go-zookeeper/zk"
 	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/lock/zookeeper/zktest"
+	"github.com/herdkit/herd/locktest"
 )
 
 // TestServerRestart: the server is killed and restarted on the same data
@@ -385,41 +385,18 @@ func TestTTLRange(t *testing.T) {
 func TestServerDown(t *testing.T) {
 	l := New([]string{"127.0.0.1:1"}, nil)
 	defer l.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	for name, call := range map[string]func(context.Context, string, time.Duration) (*Lease, error){
-		"TryAcquire": l.TryAcquire, "Acquire": l.Acquire,
-	} {
-		_, err := call(ctx, "down", time.Second)
-		if err == nil || errors.Is(err, herd.ErrLeaseHeld) || ctx.Err() != nil {
-			t.Errorf("%s with no server: %v, want a connection error at once", name, err)
-		}
-	}
+	locktest.ServerDown(t, l)
 }
 
 // TestBadOptions: invalid options panic in New, naming the field.
 func TestBadOptions(t *testing.T) {
-	for name, opt := range map[string]*Options{
-		"MaxWait":      {MaxWait: -1},
-		"Recheck":      {Recheck: -1},
-		"IdleSessions": {IdleSessions: -1},
-		"Root":         {Root: "herd/lock"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			defer func() {
-				if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), name) {
-					t.Errorf("New with a bad %s: recovered %v, want a panic naming it", name, r)
-				}
-			}()
-			New([]string{"127.0.0.1:2181"}, opt)
-		})
-	}
-	defer func() {
-		if recover() == nil {
-			t.Error("New(nil) did not panic")
-		}
-	}()
-	New(nil, nil)
+	servers := []string{"127.0.0.1:2181"}
+	locktest.BadOptions(t, map[string]func(){
+		"MaxWait":      func() { New(servers, &Options{MaxWait: -1}) },
+		"Recheck":      func() { New(servers, &Options{Recheck: -1}) },
+		"IdleSessions": func() { New(servers, &Options{IdleSessions: -1}) },
+		"Root":         func() { New(servers, &Options{Root: "herd/lock"}) },
+	}, func() { New(nil, nil) })
 }
 
 // TestParent: lock names map to one path component each, injectively.

@@ -17,6 +17,8 @@ import (
 	"github.com/go-zookeeper/zk"
 	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/internal/lockgate"
+	"github.com/herdkit/herd/internal/lockopt"
 )
 
 // Options configures a [Locker]. A nil *Options, and every zero field,
@@ -82,20 +84,11 @@ func (o *Options) resolve() (config, zk.Dialer, *slog.Logger) {
 	if in.ACL != nil {
 		c.acl = in.ACL
 	}
-	for name, d := range map[string]time.Duration{"MaxWait": in.MaxWait, "Recheck": in.Recheck} {
-		if d < 0 {
-			panic(fmt.Sprintf("zookeeper: Options.%s is %v; it must be 0 (the default) or more", name, d))
-		}
-	}
+	lockopt.NonNegative("zookeeper", map[string]time.Duration{"MaxWait": in.MaxWait, "Recheck": in.Recheck})
 	if in.Recheck > 0 {
 		c.recheck = in.Recheck
 	}
-	if in.IdleSessions < 0 {
-		panic(fmt.Sprintf("zookeeper: Options.IdleSessions is %d; it must be 0 (the default) or more", in.IdleSessions))
-	}
-	if in.IdleSessions > 0 {
-		c.idle = in.IdleSessions
-	}
+	c.idle = lockopt.Count("zookeeper", "IdleSessions", in.IdleSessions, c.idle)
 	dialer := in.Dialer
 	if dialer == nil {
 		dialer = net.DialTimeout
@@ -112,13 +105,8 @@ const (
 	maxLease = (1<<31 - 1) * time.Millisecond
 )
 
-func checkTTL(ttl time.Duration) error {
-	if ttl < minLease || ttl > maxLease {
-		return fmt.Errorf("%w: %v (a ZooKeeper lease must be between %v and %v, and within the server's session timeouts)",
-			herd.ErrInvalidTTL, ttl, minLease, maxLease)
-	}
-	return nil
-}
+// ttls checks a lease length against them.
+var ttls = lockopt.TTLRange{Min: minLease, Max: maxLease, Lease: "a ZooKeeper lease", Why: ", and within the server's session timeouts"}
 
 // Locker is a lock in ZooKeeper, the lock recipe of ZooKeeper's
 // documentation: each attempt creates an ephemeral sequential node under
@@ -148,11 +136,7 @@ type Locker struct {
 	rootMu sync.Mutex
 	rootOK bool // the root's ancestors exist
 
-	root   context.Context // cancelled by Close
-	cancel context.CancelFunc
-	mu     sync.Mutex // guards closed against calls starting
-	closed bool
-	calls  sync.WaitGroup
+	gate lockgate.Gate // the running calls, and Close
 }
 
 // New returns a Locker on the ZooKeeper ensemble whose client addresses
@@ -165,7 +149,7 @@ func New(servers []string, opt *Options) *Locker {
 	}
 	cfg, dialer, logger := opt.resolve()
 	l := &Locker{servers: append([]string(nil), servers...), cfg: cfg, dialer: dialer, log: zkLogger{logger}}
-	l.root, l.cancel = context.WithCancel(context.Background())
+	l.gate.Init()
 	return l
 }
 
@@ -179,18 +163,6 @@ func (z zkLogger) Printf(format string, args ...any) {
 	}
 }
 
-func (l *Locker) enter() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed {
-		return herd.ErrClosed
-	}
-	l.calls.Add(1)
-	return nil
-}
-
-func (l *Locker) leave() { l.calls.Done() }
-
 // Close stops the Locker: TryAcquire and Acquire called after it return
 // [herd.ErrClosed], an Acquire still waiting returns it at once (its
 // session is closed, which deletes its node), and the idle sessions are
@@ -199,15 +171,9 @@ func (l *Locker) leave() { l.calls.Done() }
 // Close waits for the ZooKeeper client's goroutines of every session it
 // closes. It is idempotent.
 func (l *Locker) Close() error {
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	if !l.gate.Close() {
 		return nil
 	}
-	l.closed = true
-	l.cancel()
-	l.mu.Unlock()
-	l.calls.Wait()
 	l.idleMu.Lock()
 	idle := l.idle
 	l.idle = nil
@@ -218,20 +184,10 @@ func (l *Locker) Close() error {
 	return nil
 }
 
-// bound returns ctx, also cancelled by Close.
-func (l *Locker) bound(ctx context.Context) (context.Context, context.CancelFunc) {
-	ctx, cancel := context.WithCancel(ctx)
-	stop := context.AfterFunc(l.root, cancel)
-	return ctx, func() { stop(); cancel() }
-}
-
 // prepare checks the arguments, and the lease length against the server's
 // session timeouts as far as the Locker has learned them.
 func (l *Locker) prepare(name string, ttl time.Duration) error {
-	if err := herd.CheckLockKey(name); err != nil {
-		return err
-	}
-	if err := checkTTL(ttl); err != nil {
+	if err := ttls.Prepare(name, ttl); err != nil {
 		return err
 	}
 	if ttl%time.Millisecond != 0 {
@@ -320,9 +276,9 @@ func (l *Locker) session(ctx context.Context, ttl time.Duration) (*session, erro
 
 // putBack keeps s, which holds no node, for a later attempt, or closes it.
 func (l *Locker) putBack(s *session) {
-	if _, _, up := s.info(); up && l.root.Err() == nil {
+	if _, _, up := s.info(); up && l.gate.Root().Err() == nil {
 		l.idleMu.Lock()
-		if len(l.idle) < l.cfg.idle && l.root.Err() == nil {
+		if len(l.idle) < l.cfg.idle && l.gate.Root().Err() == nil {
 			l.idle = append(l.idle, s)
 			l.idleMu.Unlock()
 			return
@@ -389,10 +345,10 @@ func (l *Locker) Acquire(ctx context.Context, name string, ttl time.Duration) (*
 }
 
 func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wait bool) (*Lease, error) {
-	if err := l.enter(); err != nil {
+	if err := l.gate.Enter(); err != nil {
 		return nil, err
 	}
-	defer l.leave()
+	defer l.gate.Leave()
 	if err := l.prepare(name, ttl); err != nil {
 		return nil, err
 	}
@@ -400,7 +356,7 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wa
 		return nil, fmt.Errorf("herd: acquire %q: %w", name, err)
 	}
 	start := time.Now()
-	bctx, cancel := l.bound(ctx)
+	bctx, cancel := l.gate.Bound(ctx)
 	defer cancel()
 	// The attempt runs in a goroutine of its own, so that the call
 	// returns as soon as ctx ends (or Close is called) even when the
@@ -413,12 +369,10 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wa
 		err   error
 	}
 	done := make(chan result, 1)
-	l.calls.Add(1) // within this call: Close waits for it
-	go func() {
-		defer l.calls.Done()
+	l.gate.Go(func() { // within this call: Close waits for it
 		lease, err := l.try(bctx, name, ttl, wait, start)
 		done <- result{lease, err}
-	}()
+	})
 	select {
 	case r := <-done:
 		return r.lease, l.acquireErr(ctx, name, r.err)
@@ -431,13 +385,11 @@ func (l *Locker) acquire(ctx context.Context, name string, ttl time.Duration, wa
 		}
 		r.lease.abandon() // won as the wait was cut short
 	default:
-		l.calls.Add(1)
-		go func() {
-			defer l.calls.Done()
+		l.gate.Go(func() {
 			if r := <-done; r.lease != nil {
 				r.lease.abandon()
 			}
-		}()
+		})
 	}
 	return nil, l.acquireErr(ctx, name, context.Cause(bctx))
 }
@@ -471,14 +423,13 @@ func (l *Locker) try(bctx context.Context, name string, ttl time.Duration, wait 
 // acquireErr maps an attempt's error for the caller: the context's end
 // (joined with ErrLeaseHeld, as a wait cut short), or Close's.
 func (l *Locker) acquireErr(ctx context.Context, name string, err error) error {
-	switch {
-	case err == nil:
+	if err == nil {
 		return nil
-	case ctx.Err() != nil:
-		return errors.Join(herd.ErrLeaseHeld, ctx.Err())
-	case l.root.Err() != nil:
-		return fmt.Errorf("%w: acquire %q", herd.ErrClosed, name)
-	case errors.Is(err, herd.ErrLeaseHeld), errors.Is(err, herd.ErrInvalidTTL), errors.Is(err, herd.ErrWaitTimeout):
+	}
+	if e := l.gate.Ended(ctx, name); e != nil {
+		return e
+	}
+	if errors.Is(err, herd.ErrLeaseHeld) || errors.Is(err, herd.ErrInvalidTTL) || errors.Is(err, herd.ErrWaitTimeout) {
 		return err
 	}
 	return fmt.Errorf("herd: acquire %q: %w", name, err)
@@ -501,7 +452,7 @@ type attempt struct {
 // the session, or closes the session (which deletes the node too) when
 // the session cannot be trusted any more.
 func (a *attempt) give(err error) {
-	if errors.Is(err, herd.ErrLeaseHeld) && !errors.Is(err, herd.ErrWaitTimeout) && a.l.root.Err() == nil {
+	if errors.Is(err, herd.ErrLeaseHeld) && !errors.Is(err, herd.ErrWaitTimeout) && a.l.gate.Root().Err() == nil {
 		if _, _, up := a.s.info(); up && a.node != "" {
 			if derr := a.s.conn.Delete(a.node, -1); derr == nil || errors.Is(derr, zk.ErrNoNode) {
 				a.l.putBack(a.s)

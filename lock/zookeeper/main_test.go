@@ -1,65 +1,70 @@
 package zookeeper
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"os"
 	"testing"
 
+	"github.com/herdkit/herd"
+	herdpg "github.com/herdkit/herd/lock/postgres"
+	"github.com/herdkit/herd/lock/postgres/pgtest"
 	"github.com/herdkit/herd/lock/zookeeper/zktest"
-	"go.uber.org/goleak"
+	"github.com/herdkit/herd/locktest"
+	"github.com/jackc/pgx/v5"
 )
 
-// Environment of the tests.
+// Environment of a worker process (see holder).
 const (
-	workerEnv = "HERD_ZK_WORKER" // set when the test binary runs as a worker process
-	addrEnv   = "HERD_ZK_ADDR"   // the worker's ZooKeeper server
+	addrEnv = "HERD_ZK_ADDR" // the ZooKeeper server
+	dbEnv   = "HERD_ZK_DB"   // the fenced table's PostgreSQL database
 )
 
 // The ZooKeeper server of this test binary, shared by the tests that do
-// not stop it, or "" with zkErr saying why there is none.
+// not stop it, or nil with zkErr saying why there is none; the PostgreSQL
+// database of this run (for the fenced write of the pause scenario), or
+// "" with dbErr.
 var (
 	zkServer *zktest.Server
 	zkErr    error
+	testDB   string
+	dbErr    error
 )
 
 func TestMain(m *testing.M) {
-	if role := os.Getenv(workerEnv); role != "" {
-		os.Exit(runWorker(role))
+	if code, ok := locktest.RunWorker(holder); ok {
+		os.Exit(code)
 	}
-	os.Exit(run(m))
+	os.Exit(locktest.Main(m, locktest.DirServer("ZooKeeper", "herd-zk-", startZK, &zkServer, &zkErr),
+		pgtest.Server("herd_zk_test_", &testDB, &dbErr)))
 }
 
-func run(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "herd-zk-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
+// startZK starts a ZooKeeper server in dir, when java and its class path
+// are there.
+func startZK(dir string) (*zktest.Server, error) {
 	if _, err := zktest.Available(); err != nil {
-		zkErr = err
-	} else if zkServer, err = zktest.Start(dir); err != nil {
-		zkErr = err
+		return nil, err
 	}
-	if zkErr != nil && zktest.Required() {
-		fmt.Fprintf(os.Stderr, "ZooKeeper is needed (HERD_REQUIRE_REDIS=1): %v\n", zkErr)
-		return 1
+	return zktest.Start(dir)
+}
+
+// holder is the worker process's holder of locktest.PausedHolderFenced:
+// a Locker on the ZooKeeper at $HERD_ZK_ADDR, and lock/postgres's fenced
+// table in the database at $HERD_ZK_DB.
+func holder(ctx context.Context) (herd.Lock[*Lease], locktest.TableRig, func(), error) {
+	db, err := pgx.Connect(ctx, os.Getenv(dbEnv)) // the data's own connection
+	if err != nil {
+		return nil, locktest.TableRig{}, nil, err
 	}
-	code := m.Run()
-	if zkServer != nil {
-		if err := zkServer.Close(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-		}
-	}
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goleak:", err)
-			code = 1
-		}
-	}
-	return code
+	locks := New([]string{os.Getenv(addrEnv)}, nil)
+	return locks, tables(db), func() { locks.Close(); db.Close(ctx) }, nil
+}
+
+// tables is the locktest.TableRig of c, with lock/postgres's FencedTable
+// writes.
+func tables(c *pgx.Conn) locktest.TableRig {
+	return pgtest.Tables(c, herdpg.DB(c), herdpg.FencedTable.Update, herdpg.FencedTable.Upsert)
 }
 
 // requireZK skips the test when there is no ZooKeeper (HERD_REQUIRE_REDIS=1
@@ -67,7 +72,7 @@ func run(m *testing.M) int {
 func requireZK(t testing.TB) {
 	t.Helper()
 	if zkServer == nil {
-		t.Skipf("no ZooKeeper server: %v (set HERD_REQUIRE_REDIS=1 to fail instead)", zkErr)
+		locktest.Skip(t, "ZooKeeper server", zkErr)
 	}
 }
 
