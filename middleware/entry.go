@@ -18,6 +18,10 @@ type entry struct {
 	status int
 	header http.Header
 	body   []byte
+	// owned: decoded for one request (decodeEntry), so nothing else holds
+	// its header's slices, and write may hand them to the response as
+	// they are.
+	owned bool
 }
 
 // The stored form: 'H', version 1, status (uint16), the number of header
@@ -60,7 +64,7 @@ func decodeEntry(p []byte) (*entry, error) {
 	if len(p) < 4 || p[0] != entryMagic || p[1] != entryVersion {
 		return nil, errBadEntry
 	}
-	e := &entry{status: int(binary.BigEndian.Uint16(p[2:])), header: http.Header{}}
+	e := &entry{status: int(binary.BigEndian.Uint16(p[2:])), header: http.Header{}, owned: true}
 	p = p[4:]
 	fields, n := binary.Uvarint(p)
 	if n <= 0 || fields > uint64(len(p)) {
@@ -309,20 +313,6 @@ func takeTrailers(h http.Header) http.Header {
 		}
 	}
 	return out
-}
-
-// hasTrailers reports whether the response header h announces trailers
-// or sets one through net/http's TrailerPrefix.
-func hasTrailers(h http.Header) bool {
-	if len(declaredTrailers(h)) > 0 {
-		return true
-	}
-	for k := range h {
-		if _, ok := cutTrailerPrefix(k); ok {
-			return true
-		}
-	}
-	return false
 }
 
 // cacheControl is a parsed Cache-Control header.

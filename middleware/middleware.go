@@ -690,14 +690,26 @@ func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit
 // stored response is served without trailers.
 func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status string, age time.Duration, trailers http.Header) {
 	dst := w.Header()
-	// The fields that describe the bytes are e's alone: a leader's header
-	// map holds what its handler set, which may describe another
-	// representation (a gzip body herd decoded for this client).
-	for _, f := range representationFields {
-		deleteAnyCase(dst, f)
+	// One pass over what is there already. The fields that describe the
+	// bytes are e's alone: a leader's header map holds what its handler
+	// set, which may describe another representation (a gzip body herd
+	// decoded for this client). Tag fields go unless KeepTagHeaders (also
+	// those of an entry another instance stored with them: skipped below).
+	// A trailer an outer handler announced by net/http's prefix keeps the
+	// body from having a Content-Length.
+	strip := !h.cfg.KeepTagHeaders
+	prefixed := false
+	for name := range dst {
+		if isRepresentationField(name) || strip && isTagField(name) {
+			delete(dst, name)
+			continue
+		}
+		if _, ok := cutTrailerPrefix(name); ok {
+			prefixed = true
+		}
 	}
 	for name, vs := range e.header {
-		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) {
+		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) || strip && isTagField(name) {
 			continue // never replayed, even from an entry stored before this rule
 		}
 		if name == "Vary" {
@@ -712,14 +724,14 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 			dst[name] = merged
 			continue
 		}
-		dst[name] = slices.Clone(vs)
+		if !e.owned {
+			vs = slices.Clone(vs)
+		}
+		dst[name] = vs
 	}
-	if !h.cfg.KeepTagHeaders {
-		stripTags(dst) // also those of an entry another instance stored with them
-	}
-	dst.Set("Cache-Status", status)
+	dst["Cache-Status"] = []string{status}
 	age += storedAge(e.header) // the Age it had when it was stored
-	dst.Set("Age", strconv.FormatInt(int64(age/time.Second), 10))
+	dst["Age"] = []string{strconv.FormatInt(int64(age/time.Second), 10)}
 	if code := precondition(r, e); code != 0 {
 		for _, f := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
 			dst.Del(f)
@@ -728,10 +740,10 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		return
 	}
 	code, body := h.servedRange(r, e, dst)
-	if hasTrailers(dst) && r.Method != http.MethodHead {
-		dst.Del("Content-Length")
+	if (prefixed || len(declaredTrailers(dst)) > 0) && r.Method != http.MethodHead {
+		delete(dst, "Content-Length")
 	} else {
-		dst.Set("Content-Length", strconv.Itoa(len(body)))
+		dst["Content-Length"] = []string{strconv.Itoa(len(body))}
 	}
 	w.WriteHeader(code)
 	if r.Method != http.MethodHead {
@@ -745,6 +757,17 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 // representationFields describe one representation's bytes: write sends
 // e's, never others left in the response's header map.
 var representationFields = append([]string{"Content-Encoding", "Etag"}, digestFields...)
+
+// isRepresentationField reports whether name is one of
+// representationFields, in any case.
+func isRepresentationField(name string) bool {
+	for _, f := range representationFields {
+		if len(f) == len(name) && strings.EqualFold(f, name) {
+			return true
+		}
+	}
+	return false
+}
 
 // conditionalHeaders are the request fields that make a handler answer
 // 304 or 412 instead of the representation (RFC 9110 §13.1). The request
