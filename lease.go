@@ -53,6 +53,9 @@ func (l *Lease) Lost() <-chan struct{} { return l.life.Lost() }
 // [ErrNotReplicated] when too few replicas acknowledged the renewal, is
 // returned wrapped and leaves the lease's local validity as it was (Lost
 // closes when it runs out). ttl is checked as in [Locker.TryAcquire].
+// After [Lease.KeepAlive] with a cap, Extend is held to the cap too: a ttl
+// that would reach past it is shortened to end there, and with less than
+// a millisecond left Extend returns an error wrapping [ErrLeaseLost].
 // Extend keeps working after [Locker.Close].
 func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
@@ -96,6 +99,10 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 	if l.life.Gone() {
 		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
 	}
+	ttl, left := l.life.Clamp(ttl, time.Millisecond)
+	if !left {
+		return fmt.Errorf("%w: %q: at its KeepAlive cap", ErrLeaseLost, l.key)
+	}
 	start := time.Now()
 	cmd, werr := l.locker.cfg.repl.run(ctx, l.locker.rdb, l.keys.fence, extendScript, []string{l.keys.lease, l.keys.fence},
 		l.value, ttl.Milliseconds(), l.locker.fenceTTL(ttl).Milliseconds())
@@ -136,6 +143,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 // runs out; then [Lease.Lost] is closed. The watchdog goroutine ends with
 // the lease and Release waits for it. Calling KeepAlive again, or after
 // the lease ended, does nothing.
+//
+// After KeepAlive with a cap, an Extend is held to the cap as well: it
+// never moves the lease, or its Deadline, past it.
 func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return

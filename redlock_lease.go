@@ -61,7 +61,10 @@ func (l *RedlockLease) Lost() <-chan struct{} { return l.life.Lost() }
 // owner's (or it is already known lost or released); and an error
 // wrapping [ErrNoQuorum] when too few masters answered, or a quorum
 // answered only after the new validity was spent, leaving the lease as it
-// was.
+// was. After [RedlockLease.KeepAlive] with a cap, Extend is held to the
+// cap: it asks for no more than what is left before the cap (the
+// Deadline never passes it), and returns an error wrapping
+// [ErrLeaseLost] when less than the shortest Redlock lease is left.
 func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 	if l == nil {
 		return ErrLeaseLost
@@ -76,6 +79,10 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 	}
 	if l.life.Gone() {
 		return fmt.Errorf("%w: %q", ErrLeaseLost, l.key)
+	}
+	ttl, left := l.life.Clamp(ttl, redlockMinLease)
+	if !left {
+		return fmt.Errorf("%w: %q: at its KeepAlive cap", ErrLeaseLost, l.key)
 	}
 	start := r.now()
 	replies := r.fanout(ctx, r.all, r.nodeTimeout(ttl), func(ctx context.Context, i int) nodeReply {
@@ -128,6 +135,9 @@ func (l *RedlockLease) Extend(ctx context.Context, ttl time.Duration) error {
 // runs out; then [RedlockLease.Lost] is closed. Release waits for the
 // watchdog to end. Calling KeepAlive again, after the lease ended or
 // after Close, does nothing.
+//
+// After KeepAlive with a cap, an Extend is held to the cap as well: it
+// never moves the lease, or its Deadline, past it.
 func (l *RedlockLease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return

@@ -116,7 +116,8 @@ func (o *Options) resolve() Options {
 //   - extend: Extend moves the deadline and keeps the lease past its
 //     first length.
 //   - keepalive: KeepAlive holds the lease past three lengths; with a cap,
-//     the lease ends at the cap and another owner takes the key.
+//     the lease ends at the cap and another owner takes the key; an
+//     Extend after KeepAlive never moves the Deadline past the cap.
 //   - lost: a lease that is not renewed is lost at its deadline, and
 //     another owner takes the key with a higher token.
 //   - lose (with [Options.Lose]): a lease ended from outside is reported
@@ -365,6 +366,20 @@ func (s *suite[L]) keepAlive(t *testing.T) {
 		}
 		if _, err := b.TryAcquire(ctx, k, ttl); !errors.Is(err, herd.ErrLeaseHeld) {
 			t.Errorf("TryAcquire three lease lengths later: %v, want ErrLeaseHeld", err)
+		}
+	})
+	t.Run("extend held to the cap", func(t *testing.T) {
+		k := key(t)
+		l := s.must(t)(s.newLock(t).TryAcquire(ctx, k, s.o.TTL))
+		acquired := time.Now() // the cap counts from the acquire's start, before this
+		released(t, l)
+		maxHold := s.o.TTL / 2
+		l.KeepAlive(maxHold)
+		if err := l.Extend(ctx, 2*s.o.TTL); err != nil && !errors.Is(err, herd.ErrLeaseLost) {
+			t.Fatalf("Extend after KeepAlive: %v", err)
+		}
+		if d := l.Deadline(); d.After(acquired.Add(maxHold)) {
+			t.Errorf("Deadline %v after the acquire, past KeepAlive's cap of %v, after an Extend for %v", d.Sub(acquired), maxHold, 2*s.o.TTL)
 		}
 	})
 	t.Run("cap", func(t *testing.T) {

@@ -37,6 +37,7 @@ type State struct {
 	released bool          // Release (or Finish) was called
 	freed    bool          // a release succeeded: later ones need not reach the server
 	watch    *watchdog     // the KeepAlive goroutine, while it runs
+	capAt    time.Time     // KeepAlive's cap on the whole holding (zero: none); no renewal passes it
 }
 
 type watchdog struct {
@@ -134,13 +135,17 @@ func (s *State) Renewed(next time.Time) bool {
 }
 
 // RenewedLocked is Renewed for a caller holding the lock; a length above
-// zero also becomes what later renewals ask for.
+// zero also becomes what later renewals ask for. A deadline past
+// KeepAlive's cap is the cap.
 func (s *State) RenewedLocked(next time.Time, length time.Duration) bool {
 	if s.GoneLocked() {
 		return false
 	}
 	if length > 0 {
 		s.length = length
+	}
+	if !s.capAt.IsZero() && next.After(s.capAt) {
+		next = s.capAt
 	}
 	s.deadline = next
 	s.expiry.Reset(next.Sub(s.now()))
@@ -220,6 +225,7 @@ func (s *State) KeepAlive(parent context.Context, maxHold time.Duration, run fun
 	var capAt time.Time
 	if maxHold > 0 {
 		capAt = s.acquired.Add(maxHold)
+		s.capAt = capAt
 		if capAt.Before(s.deadline) {
 			s.deadline = capAt
 			s.expiry.Reset(capAt.Sub(s.now()))
@@ -230,6 +236,28 @@ func (s *State) KeepAlive(parent context.Context, maxHold time.Duration, run fun
 		run(ctx, capAt)
 	}()
 	return true
+}
+
+// Clamp returns d, or less so that a renewal for it ends at KeepAlive's
+// cap, and whether anything at least least long is left before the cap:
+// an Extend after KeepAlive is held to the cap as the watchdog's renewals
+// are.
+func (s *State) Clamp(d, least time.Duration) (time.Duration, bool) {
+	s.mu.Lock()
+	capAt := s.capAt
+	s.mu.Unlock()
+	if capAt.IsZero() {
+		return d, true
+	}
+	d = min(d, capAt.Sub(s.now()))
+	return d, d >= least
+}
+
+// Cap returns KeepAlive's cap on the holding, or the zero time.
+func (s *State) Cap() time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.capAt
 }
 
 // StopWatchdog ends the KeepAlive goroutine, if one runs, and waits for

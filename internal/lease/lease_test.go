@@ -309,3 +309,33 @@ func TestKeepAliveCapBecomesTheDeadlineAndStartsOneWatchdog(t *testing.T) {
 		t.Error("KeepAlive started a watchdog on a finished lease")
 	}
 }
+
+func TestRenewalsNeverPassTheKeepAliveCap(t *testing.T) {
+	t.Parallel()
+	s := newState(time.Hour, time.Hour)
+	capAt := s.Acquired().Add(time.Minute)
+	if !s.KeepAlive(context.Background(), time.Minute, func(ctx context.Context, _ time.Time) { <-ctx.Done() }) {
+		t.Fatal("KeepAlive did not start")
+	}
+	defer s.StopWatchdog()
+	if !s.Cap().Equal(capAt) {
+		t.Errorf("Cap %v, want %v", s.Cap(), capAt)
+	}
+	if d, left := s.Clamp(time.Hour, time.Millisecond); !left || d > time.Minute {
+		t.Errorf("Clamp(1h) = %v, %v; want at most the minute to the cap", d, left)
+	}
+	if !s.Renewed(time.Now().Add(time.Hour)) {
+		t.Fatal("Renewed refused a renewal of a held lease")
+	}
+	if !s.Deadline().Equal(capAt) {
+		t.Errorf("a renewal for an hour moved the deadline to %v, want the cap %v", s.Deadline(), capAt)
+	}
+	past := &State{}
+	now := time.Now()
+	past.Init(time.Hour, now.Add(-time.Hour), now.Add(time.Hour), nil, func() {})
+	past.KeepAlive(context.Background(), time.Minute, func(context.Context, time.Time) {})
+	if _, left := past.Clamp(time.Hour, time.Millisecond); left {
+		t.Error("Clamp left time for a renewal of a lease whose cap has passed")
+	}
+	past.StopWatchdog()
+}

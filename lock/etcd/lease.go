@@ -186,7 +186,7 @@ func (l *Lease) Extend(ctx context.Context, ttl time.Duration) error {
 	if err := ttls.Check(ttl); err != nil {
 		return err
 	}
-	return l.extend(ctx, ttl, time.Time{})
+	return l.extend(ctx, ttl, l.life.Cap()) // after KeepAlive, held to its cap
 }
 
 // extend is Extend with KeepAlive's cap (none when zero) on the deadline.
@@ -298,6 +298,9 @@ func (l *Lease) extendErr(err error) error {
 // deadline; then [Lease.Lost] is closed. The watchdog goroutine ends with
 // the lease and Release waits for it. Calling KeepAlive again, or after
 // the lease ended, does nothing.
+//
+// After KeepAlive with a cap, an Extend is held to the cap as well: it
+// never moves the lease, or its Deadline, past it.
 func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return

@@ -214,6 +214,10 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 	if l.life.Gone() {
 		return fmt.Errorf("%w: %q", herd.ErrLeaseLost, l.key)
 	}
+	ttl, left := l.life.Clamp(ttl, time.Millisecond) // an Extend after KeepAlive ends at its cap
+	if !left {
+		return fmt.Errorf("%w: %q: at its KeepAlive cap", herd.ErrLeaseLost, l.key)
+	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("herd: extend lease %q: %w", l.key, err)
 	}
@@ -248,6 +252,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 // broken connection): [Lease.Lost] is closed. The watchdog goroutine ends
 // with the lease and Release waits for it. Calling KeepAlive again, or
 // after the lease ended, does nothing.
+//
+// After KeepAlive with a cap, an Extend is held to the cap as well: it
+// never moves the lease, or its Deadline, past it.
 func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return

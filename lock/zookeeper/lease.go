@@ -233,6 +233,9 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 // deadline; a lost connection loses the lease. The watchdog goroutine
 // ends with the lease and Release waits for it. Calling KeepAlive again,
 // or after the lease ended, does nothing.
+//
+// After KeepAlive with a cap, an Extend is held to the cap as well: it
+// never moves the lease, or its Deadline, past it.
 func (l *Lease) KeepAlive(maxHold time.Duration) {
 	if l == nil {
 		return
