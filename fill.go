@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -33,6 +34,7 @@ type Fill struct {
 	writes uint64     // the key's local write count at start (see currency)
 	local  *localFill // this process's waiters, when registered
 	once   sync.Once
+	ended  atomic.Bool // once has run: Commit, Abort, Handover, Pass or Close ended the Fill
 
 	tagMu sync.Mutex
 	tags  tagging // set by SetTags
@@ -371,6 +373,9 @@ func (fl *Fill) Unavailable() bool { return fl.lease == nil && fl.f.redisDown }
 // years aborts the Fill and returns [ErrInvalidTTL]. Calls after the first Commit or Abort do nothing and
 // return nil.
 func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
+	if fl.ended.Load() {
+		return nil // ended before: nothing to check, nothing to do
+	}
 	err := checkTTL(ttl)
 	if err == nil && staleFor > maxTTL {
 		err = fmt.Errorf("%w: staleFor %v (must be at most %v, 50 years)", ErrInvalidTTL, staleFor, maxTTL)
@@ -382,6 +387,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 	if len(val) > fl.c.cfg.MaxValueBytes {
 		err := fmt.Errorf("%w: %d bytes, limit %d", ErrValueTooLarge, len(val), fl.c.cfg.MaxValueBytes)
 		fl.once.Do(func() {
+			fl.ended.Store(true)
 			fl.unregister()
 			fl.countLoad(fmt.Errorf("%w: %w", ErrNotShared, err))
 			cur := fl.unleasedCurrency()
@@ -402,6 +408,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		return err
 	}
 	fl.once.Do(func() {
+		fl.ended.Store(true)
 		fl.unregister()
 		c := fl.c
 		delta := time.Since(fl.start)
@@ -428,6 +435,7 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 // plain failure. Calls after the first Commit or Abort do nothing.
 func (fl *Fill) Abort(cause error) {
 	fl.once.Do(func() {
+		fl.ended.Store(true)
 		fl.unregister()
 		c := fl.c
 		if cause == nil {
@@ -472,6 +480,9 @@ func (fl *Fill) Pass(cause error, ttl time.Duration) error {
 	case !errors.Is(cause, ErrNotShared):
 		cause = fmt.Errorf("%w: %w", ErrNotShared, cause)
 	}
+	if fl.ended.Load() {
+		return nil // ended before: nothing to check, nothing to do
+	}
 	if err := checkTTL(ttl); err != nil {
 		fl.Abort(cause)
 		return err
@@ -481,6 +492,7 @@ func (fl *Fill) Pass(cause error, ttl time.Duration) error {
 		return nil
 	}
 	fl.once.Do(func() {
+		fl.ended.Store(true)
 		fl.unregister()
 		c := fl.c
 		fl.countLoad(cause)
@@ -529,6 +541,7 @@ func (fl *Fill) unleasedCurrency() currency {
 // counts as a failed load.
 func (fl *Fill) yield() {
 	fl.once.Do(func() {
+		fl.ended.Store(true)
 		fl.unregister()
 		if fl.lease != nil {
 			fl.lease.finish()

@@ -375,7 +375,7 @@ func (c *Cache) lead(f *flight, lease *Lease, refresh bool) ([]byte, error) {
 	lease.KeepAlive(c.cfg.MaxHold)
 	values, traced := c.sig.startLoad(f, lease)
 	ld := loaded{start: time.Now(), writes: c.writesOf(f.key), exp: &expiry{ttl: f.ttl, staleFor: c.cfg.StaleFor, c: c}, traced: traced}
-	ld.val, ld.err = c.runLoader(values, f.load, min(c.cfg.LoadTimeout, c.cfg.MaxHold), ld.exp)
+	ld.val, ld.err = c.runLoader(values, f.load, c.loadBudget(), ld.exp)
 	ld.delta = time.Since(ld.start)
 	return c.settle(f, lease, refresh, ld)
 }
@@ -792,7 +792,7 @@ func (c *Cache) loadLocal(f *flight) ([]byte, error) {
 	values, traced := c.sig.startLoad(f, nil)
 	start := time.Now()
 	c.localStart(f, start)
-	val, err := c.runLoader(values, f.load, c.cfg.LoadTimeout, &expiry{})
+	val, err := c.runLoader(values, f.load, c.loadBudget(), &expiry{})
 	c.sig.load(f.key, time.Since(start), err, false)
 	if traced != nil {
 		traced(err)

@@ -125,3 +125,9 @@ func SetExpiry(ctx context.Context, ttl, staleFor time.Duration) {
 		e.staleFor = staleFor
 	}
 }
+
+// loadBudget is how long any loader of the Cache's may run, leased or
+// not (a fail-open load too): LoadTimeout or MaxHold, whichever is
+// shorter (Options.LoadTimeout). The one rule, so that no load path
+// applies one bound and forgets the other.
+func (c *Cache) loadBudget() time.Duration { return min(c.cfg.LoadTimeout, c.cfg.MaxHold) }

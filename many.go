@@ -627,7 +627,7 @@ func (c *Cache) leadMany(load ManyLoadFunc, led []*member) {
 	start := time.Now()
 	vals, err := runLoaderOf(c, nil, func(ctx context.Context) (map[string][]byte, error) {
 		return load(ctx, keys)
-	}, min(c.cfg.LoadTimeout, c.cfg.MaxHold), exp)
+	}, c.loadBudget(), exp)
 	delta := time.Since(start)
 	var commits *commitBatch
 	if !exp.tagging().any() {
@@ -690,7 +690,7 @@ func (c *Cache) loadManyLocal(load ManyLoadFunc, ms []*member, cause error) {
 	}
 	vals, err := runLoaderOf(c, nil, func(ctx context.Context) (map[string][]byte, error) {
 		return load(ctx, keys)
-	}, c.cfg.LoadTimeout, &expiry{})
+	}, c.loadBudget(), &expiry{})
 	d := time.Since(start)
 	for _, m := range ms {
 		v, kerr := pick(vals, err, m.f.key)
