@@ -233,9 +233,9 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			c.wg.Add(1)
 			c.mu.RUnlock()
 			defer c.wg.Done()
-			f := &flight{key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
-			val, err := c.run(f)
-			return &flightResult{val: val, outcome: f.outcome, cur: f.cur}, err
+			f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
+			a := f.fly(stRead)
+			return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur}, a.err
 		})
 		select {
 		case <-ctx.Done():

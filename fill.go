@@ -227,22 +227,20 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 		c.reportLookup(key, OutcomeFollower) // waited for this process's Fill, whatever its end
 		return hit, nil, err
 	}
-	f := &flight{key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx, pre: pre}
-	var val []byte
-	var err error
+	f := &flight{c: c, key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx, pre: pre}
+	st := stRead
 	if timedOut {
-		val, err = c.fallback(f, c.localWaitBudget(key))
-	} else {
-		val, err = c.run(f)
+		f.spent, st = c.localWaitBudget(key), stFallback
 	}
+	a := f.fly(st)
 	c.reportLookup(key, f.outcome)
 	switch {
-	case f.claim != nil || f.unleased:
-		return nil, c.newFill(f, f.claim), nil
-	case err != nil:
-		return nil, nil, err
+	case f.lease != nil || f.unleased:
+		return nil, c.newFill(f, f.lease), nil
+	case a.err != nil:
+		return nil, nil, a.err
 	}
-	return &Hit{Value: bytes.Clone(val), Outcome: f.outcome, WrittenAt: f.env.writtenAt, Expires: f.env.softExp}, nil, nil
+	return &Hit{Value: bytes.Clone(a.val), Outcome: f.outcome, WrittenAt: f.env.writtenAt, Expires: f.env.softExp}, nil, nil
 }
 
 // nearBeginHit is Begin's answer from a near copy e of key.
