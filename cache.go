@@ -196,8 +196,8 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		return nil, err
 	}
 	if c.near != nil {
-		if val, err, ok := c.nearHit(ctx, key); ok {
-			return val, err
+		if a, ok := c.nearHit(ctx, key); ok {
+			return a.val, a.err
 		}
 	}
 	vkey, err := valueKey(c.cfg.Prefix, key)

@@ -212,7 +212,7 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 	}
 	timedOut := false
 	for round := 0; round < 3; round++ {
-		hit, err, waited := c.waitLocalFill(ctx, key, joined, writes)
+		hit, waited, err := c.waitLocalFill(ctx, key, joined, writes)
 		if !waited {
 			break
 		}
@@ -257,7 +257,7 @@ func (c *Cache) nearBeginHit(ctx context.Context, key string, e nearEntry) (*Hit
 // or whose value is not known current for a caller that joined at joined
 // with the key's local write count writes (see currency), answers with
 // errYielded: look again.
-func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time, writes uint64) (hit *Hit, err error, waited bool) {
+func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time, writes uint64) (hit *Hit, waited bool, err error) {
 	c.fillMu.Lock()
 	lf := c.fills[key]
 	if lf != nil {
@@ -265,19 +265,19 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time,
 	}
 	c.fillMu.Unlock()
 	if lf == nil {
-		return nil, nil, false
+		return nil, false, nil
 	}
 	budget := c.localWaitBudget(key)
 	limit := time.NewTimer(budget)
 	defer limit.Stop()
 	select {
 	case <-ctx.Done():
-		return nil, ctx.Err(), true
+		return nil, true, ctx.Err()
 	case <-c.ctx.Done():
-		return nil, ErrClosed, true
+		return nil, true, ErrClosed
 	case <-limit.C:
 		c.stats.waitTimeouts.Add(1)
-		return nil, fmt.Errorf("%w: %q: no value after waiting %v for this process's rebuild", ErrWaitTimeout, key, budget), true
+		return nil, true, fmt.Errorf("%w: %q: no value after waiting %v for this process's rebuild", ErrWaitTimeout, key, budget)
 	case <-lf.lost:
 		// The builder lost its lease (it ran past MaxHold, or Redis lost
 		// it): another process may rebuild the key now. Stop waiting for
@@ -287,22 +287,22 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time,
 			delete(c.fills, key)
 		}
 		c.fillMu.Unlock()
-		return nil, errYielded, true
+		return nil, true, errYielded
 	case <-lf.done:
 	}
 	if lf.err != nil {
-		return nil, lf.err, true
+		return nil, true, lf.err
 	}
 	if !lf.cur.answers(joined, writes) {
 		if lf.refused != nil {
-			return nil, lf.refused, true
+			return nil, true, lf.refused
 		}
-		return nil, errYielded, true
+		return nil, true, errYielded
 	}
 	h := *lf.hit
 	h.Value = bytes.Clone(h.Value)
 	h.Outcome = OutcomeFollower
-	return &h, nil, true
+	return &h, true, nil
 }
 
 // localWaitBudget is how long a caller waits for a Fill of its own
