@@ -103,8 +103,8 @@ type flight struct {
 	// (acquired; a value announced after it was written after it).
 	seen, heldAt time.Time
 
-	// wait is the follower's wait: follow creates it, await and looked
-	// update it, endWait ends it when the flight ends. nil until the
+	// wait is the follower's wait: follow creates it, Cache.follow and
+	// looked update it, endWait ends it when the flight ends. nil until the
 	// flight follows: wait != nil tells a follower's look from the
 	// flight's first one.
 	wait *waiting
@@ -190,7 +190,7 @@ func (f *flight) step(st state) state {
 	case stFollow:
 		return f.follow()
 	case stWait:
-		return f.await()
+		return f.c.follow(f)
 	case stFallback:
 		return f.fallback()
 	case stDown:
@@ -681,8 +681,8 @@ func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff tim
 }
 
 // waiting is a follower's wait for another process's rebuild of the key
-// (see follow). follow creates it; await and looked update it; endWait
-// ends it.
+// (see flight.follow). flight.follow creates it; Cache.follow and looked
+// update it; endWait ends it.
 type waiting struct {
 	start      time.Time
 	end        WaitEnd       // how the wait ended, as far as known
@@ -809,10 +809,13 @@ func (f *flight) nextPoll() time.Duration {
 	return d
 }
 
-// await waits for a wake-up message, a poll or the budget, and then looks
-// again (stRead), unless the message answers the flight or the wait ends.
-func (f *flight) await() state {
-	c, w := f.c, f.wait
+// follow is stWait: it waits for a wake-up message, a poll or the
+// budget, and then looks again (stRead), unless the message answers the
+// flight or the wait ends. It is a method of Cache, not of flight, so
+// that a waiting follower's stack shows herd.(*Cache).follow, as it
+// always has: the middleware's tests find the waiting callers so.
+func (c *Cache) follow(f *flight) state {
+	w := f.wait
 	select {
 	case <-c.ctx.Done():
 		w.end = WaitCancelled
