@@ -196,8 +196,8 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		return nil, err
 	}
 	if c.near != nil {
-		if val, err, ok := c.nearHit(ctx, key); ok {
-			return val, err
+		if a, ok := c.nearHit(ctx, key); ok {
+			return a.val, a.err
 		}
 	}
 	vkey, err := valueKey(c.cfg.Prefix, key)
@@ -233,9 +233,9 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			c.wg.Add(1)
 			c.mu.RUnlock()
 			defer c.wg.Done()
-			f := &flight{key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
-			val, err := c.run(f)
-			return &flightResult{val: val, outcome: f.outcome, cur: f.cur}, err
+			f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
+			a := f.fly(stRead)
+			return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur}, a.err
 		})
 		select {
 		case <-ctx.Done():

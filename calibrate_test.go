@@ -1011,9 +1011,9 @@ func TestOnNoticeLearnsDelta(t *testing.T) {
 	env := c.newEnvelope(42, []byte("v"), time.Minute, 0, 700*time.Millisecond)
 	msg := notice{payload: string(msgValue) + string(env.encode())}
 	for range 3 {
-		f := &flight{key: "k", keys: mustKeys(t, "k")}
-		if v, err, done := c.onNotice(f, msg); !done || err != nil || string(v) != "v" {
-			t.Fatalf("onNotice = (%q, %v, %v), want the value", v, err, done)
+		f := &flight{c: c, key: "k", keys: mustKeys(t, "k")}
+		if heard := f.heard(msg); !heard || f.ans.err != nil || string(f.ans.val) != "v" {
+			t.Fatalf("heard = %v with (%q, %v), want the value", heard, f.ans.val, f.ans.err)
 		}
 	}
 	got := bucketWeights(c.calib, "k")

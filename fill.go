@@ -214,7 +214,7 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 	}
 	timedOut := false
 	for round := 0; round < 3; round++ {
-		hit, err, waited := c.waitLocalFill(ctx, key, joined, writes)
+		hit, waited, err := c.waitLocalFill(ctx, key, joined, writes)
 		if !waited {
 			break
 		}
@@ -229,22 +229,20 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 		c.reportLookup(key, OutcomeFollower) // waited for this process's Fill, whatever its end
 		return hit, nil, err
 	}
-	f := &flight{key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx, pre: pre}
-	var val []byte
-	var err error
+	f := &flight{c: c, key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx, pre: pre}
+	st := stRead
 	if timedOut {
-		val, err = c.fallback(f, c.localWaitBudget(key))
-	} else {
-		val, err = c.run(f)
+		f.spent, st = c.localWaitBudget(key), stFallback
 	}
+	a := f.fly(st)
 	c.reportLookup(key, f.outcome)
 	switch {
-	case f.claim != nil || f.unleased:
-		return nil, c.newFill(f, f.claim), nil
-	case err != nil:
-		return nil, nil, err
+	case f.lease != nil || f.unleased:
+		return nil, c.newFill(f, f.lease), nil
+	case a.err != nil:
+		return nil, nil, a.err
 	}
-	return &Hit{Value: bytes.Clone(val), Outcome: f.outcome, WrittenAt: f.env.writtenAt, Expires: f.env.softExp}, nil, nil
+	return &Hit{Value: bytes.Clone(a.val), Outcome: f.outcome, WrittenAt: f.env.writtenAt, Expires: f.env.softExp}, nil, nil
 }
 
 // nearBeginHit is Begin's answer from a near copy e of key.
@@ -261,7 +259,7 @@ func (c *Cache) nearBeginHit(ctx context.Context, key string, e nearEntry) (*Hit
 // or whose value is not known current for a caller that joined at joined
 // with the key's local write count writes (see currency), answers with
 // errYielded: look again.
-func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time, writes uint64) (hit *Hit, err error, waited bool) {
+func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time, writes uint64) (hit *Hit, waited bool, err error) {
 	c.fillMu.Lock()
 	lf := c.fills[key]
 	if lf != nil {
@@ -269,19 +267,19 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time,
 	}
 	c.fillMu.Unlock()
 	if lf == nil {
-		return nil, nil, false
+		return nil, false, nil
 	}
 	budget := c.localWaitBudget(key)
 	limit := time.NewTimer(budget)
 	defer limit.Stop()
 	select {
 	case <-ctx.Done():
-		return nil, ctx.Err(), true
+		return nil, true, ctx.Err()
 	case <-c.ctx.Done():
-		return nil, ErrClosed, true
+		return nil, true, ErrClosed
 	case <-limit.C:
 		c.stats.waitTimeouts.Add(1)
-		return nil, fmt.Errorf("%w: %q: no value after waiting %v for this process's rebuild", ErrWaitTimeout, key, budget), true
+		return nil, true, fmt.Errorf("%w: %q: no value after waiting %v for this process's rebuild", ErrWaitTimeout, key, budget)
 	case <-lf.lost:
 		// The builder lost its lease (it ran past MaxHold, or Redis lost
 		// it): another process may rebuild the key now. Stop waiting for
@@ -291,22 +289,22 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time,
 			delete(c.fills, key)
 		}
 		c.fillMu.Unlock()
-		return nil, errYielded, true
+		return nil, true, errYielded
 	case <-lf.done:
 	}
 	if lf.err != nil {
-		return nil, lf.err, true
+		return nil, true, lf.err
 	}
 	if !lf.cur.answers(joined, writes) {
 		if lf.refused != nil {
-			return nil, lf.refused, true
+			return nil, true, lf.refused
 		}
-		return nil, errYielded, true
+		return nil, true, errYielded
 	}
 	h := *lf.hit
 	h.Value = bytes.Clone(h.Value)
 	h.Outcome = OutcomeFollower
-	return &h, nil, true
+	return &h, true, nil
 }
 
 // localWaitBudget is how long a caller waits for a Fill of its own

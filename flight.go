@@ -20,73 +20,458 @@ import (
 // winner leads (loads and commits), the others follow (wait for the
 // leader's wake-up message). Everything here runs detached from callers,
 // under c.ctx, which only Close cancels.
+//
+// The flight is a state machine (see state and fly): each state is one
+// method of flight that does its step and returns the next state, until
+// stDone, when f.ans is the answer of every local caller.
 
 // flight is one rebuild attempt for a key in this process.
 type flight struct {
+	// Set when the flight is made, read only after.
+	c       *Cache
 	key     string
 	keys    keyFamily
 	ttl     time.Duration
-	load    LoadFunc        // nil for Begin: the caller builds the value
+	load    LoadFunc        // nil for Begin (see begin): the caller builds the value
 	refresh LoadFunc        // what a stale or early hit refreshes with (nil: none)
 	prepare func() LoadFunc // Begin: called in the caller's goroutine when a refresh starts
-	outcome Outcome         // how the flight ended, for the callers
-	env     envelope        // the envelope that answered the flight, if any
-
-	// For Begin only: the caller's context bounds the follower's wait, and
-	// a lease won while following is handed to the caller (claim) instead
-	// of running a loader; unleased asks the caller to build the value
-	// without a lease (the wait budget is spent).
-	caller    context.Context
-	claim     *Lease
-	unleased  bool
-	redisDown bool // the flight could not use Redis (see currency)
-
+	// caller is Begin's caller's context: it bounds the follower's wait
+	// (nil for Get, whose flight belongs to no caller).
+	caller context.Context
 	// from is the context of the Get that started the flight, for the
 	// Observer's Start hooks only: its values, never its cancellation
 	// (the flight belongs to no caller). nil: Begin's caller, or none.
 	from context.Context
 
+	// pre is the read of the Get that started the flight (see hit.go):
+	// read takes it (once) instead of reading again. early is that Get's
+	// early-refresh draw for pre's envelope, which served takes (and
+	// clears) instead of drawing again (two draws would square XFetch's
+	// probability).
+	pre   *preRead
+	early bool
+
+	// The answer, for the callers once the flight is stDone. outcome is
+	// written in two places only: by enter, with the role of the state
+	// the flight enters (leader, follower, fallback), and by served, with
+	// what the envelope it serves is (hit, stale...), unless the flight
+	// follows (a follower stays a follower). ans is written by the step
+	// that ends the flight (done, served, heard); env by served and heard
+	// (the envelope decided on; the one that answered the flight, if
+	// any); cur by whoever writes ans from a value (see currency).
+	outcome Outcome
+	ans     answer
+	env     envelope
+	cur     currency
+
+	// Written by acquired when the flight wins the key's lease, before its
+	// load begins: the lease (Begin: handed to the caller, stClaim) and
+	// the purge generation read with its ACQUIRE (see tags.go).
+	lease *Lease
+	gen   generation
+	// Written by the steps that leave Redis behind: cause is the Redis
+	// error that sent the flight to stDown (goDown); redisDown that the
+	// flight could not use Redis (down; see currency); unleased asks
+	// Begin's caller to build the value without a lease (local); spent is
+	// the wait budget spent, for stFallback's error (timedOut, or Begin).
+	cause     error
+	redisDown bool
+	unleased  bool
+	spent     time.Duration
+
+	// What the ACQUIREs told, written by acquired (and heard, retries).
 	// awaited is the fence of the leader a follower waits for (from the
 	// held ACQUIRE reply): its failure, by message or by the failure marker
 	// a follower finds when it looks, ends the wait; failures of other
 	// leaders do not. floor is the key's fence counter at the last
 	// ACQUIRE that found the lease held: a wake-up carrying an envelope
 	// with a lower fence predates a write (or a lease) that came before
-	// that look, so it is ignored.
+	// that look, so it is ignored. pttl is the holder's remaining lease at
+	// the last ACQUIRE.
 	awaited string
 	floor   uint64
-
+	pttl    time.Duration
 	// retried is the fence of the failed leader whose load this follower
 	// retries (see Options.RetryFailedLoad and NoShare), or empty: then
 	// the failure of any newer leader ends the wait, and it does not retry
-	// again.
+	// again. Written by retries.
 	retried string
 
 	// Read-your-writes. seen is when the Redis command whose reply the
-	// flight is deciding on was sent; heldAt is when the last ACQUIRE that
-	// found the lease held was sent (a value announced after it was
-	// written after it). cur says for which callers the answer is current.
+	// flight is deciding on was sent (written by read and acquired);
+	// heldAt is when the last ACQUIRE that found the lease held was sent
+	// (acquired; a value announced after it was written after it).
 	seen, heldAt time.Time
-	cur          currency
 
-	// gen is the purge generation read with the ACQUIRE of the lease the
-	// flight holds, before its load began (see tags.go).
-	gen generation
-
-	// pre is the read of the Get that started the flight (see hit.go):
-	// the flight starts from it instead of reading again. early is that
-	// Get's early-refresh draw for pre's envelope, which served takes
-	// instead of drawing again (two draws would square XFetch's
-	// probability).
-	pre   *preRead
-	early bool
+	// wait is the follower's wait: follow creates it, Cache.follow and
+	// looked update it, endWait ends it when the flight ends. nil until the
+	// flight follows: wait != nil tells a follower's look from the
+	// flight's first one.
+	wait *waiting
 
 	// commits, when set, pipelines the flight's COMMIT with those of the
-	// other keys a GetMany led (see commitBatch).
+	// other keys a GetMany led (see commitBatch). Set by leadMany, cleared
+	// by runCommit or skipCommit.
 	commits *commitBatch
 }
 
-// origin is the context the Observer's Start hooks get for f.
+// answer is what a flight answers its local callers: a value, or an error
+// (ErrNotFound included).
+type answer struct {
+	val []byte
+	err error
+}
+
+// state is a step of the flight. Each state's method (see step) returns
+// the next; a follower's look (after follow) runs stRead, stServe and
+// stAcquire again and goes back to stWait unless it ends the flight.
+type state uint8
+
+const (
+	stRead     state = iota // GET the key, or take the read of the Get that started the flight
+	stServe                 // decide on the envelope read: answer, or go on to the lease
+	stAcquire               // ACQUIRE the lease: lead, claim or follow (or answer from a value that landed)
+	stLead                  // won: load under the lease and commit (Get)
+	stClaim                 // won: hand the lease to Begin's caller, who builds the value
+	stFollow                // held: subscribe to the key's wake-up, then look again
+	stWait                  // wait for a wake-up, a poll or the budget, then look again
+	stFallback              // the wait budget is spent: Options.Fallback
+	stDown                  // Redis is unreachable: fail closed, or open (stLocal)
+	stLocal                 // load without a lease, unstored (Begin: build it unleased)
+	stDone                  // the flight ended: f.ans is its answer
+)
+
+// role is the outcome entering st gives the flight, if any.
+func (st state) role() (Outcome, bool) {
+	switch st {
+	case stLead, stClaim:
+		return OutcomeLeader, true
+	case stFollow:
+		return OutcomeFollower, true
+	case stFallback, stDown:
+		return OutcomeFallback, true
+	}
+	return OutcomeUnknown, false
+}
+
+// fly runs the flight from st until it ends, and returns its answer, with
+// the outcome in f. Get's flight starts at stRead; Begin's may start at
+// stFallback, GetMany's followers at stFollow.
+func (f *flight) fly(st state) (a answer) {
+	defer func() {
+		// The loader's panics are recovered in runLoader; this is for
+		// herd's own bugs, which must not crash the process either (x/sync
+		// re-panics in a goroutine when a DoChan caller waits).
+		if r := recover(); r != nil {
+			a = answer{err: newLoadError(f.key, &PanicError{Value: r, Stack: debug.Stack()})}
+		}
+	}()
+	defer f.endWait()
+	for st != stDone {
+		st = f.step(st)
+	}
+	return f.ans
+}
+
+// step enters st and runs it.
+func (f *flight) step(st state) state {
+	f.enter(st)
+	switch st {
+	case stRead:
+		return f.read()
+	case stServe:
+		return f.serve()
+	case stAcquire:
+		return f.acquire()
+	case stLead:
+		return f.lead()
+	case stClaim:
+		return f.claim()
+	case stFollow:
+		return f.follow()
+	case stWait:
+		return f.c.follow(f)
+	case stFallback:
+		return f.fallback()
+	case stDown:
+		return f.down()
+	case stLocal:
+		return f.local()
+	}
+	panic(fmt.Sprintf("herd: flight in state %d", st))
+}
+
+// enter records the role st gives the flight (see role). GetMany's batch
+// calls it for the states it runs for many keys at once.
+func (f *flight) enter(st state) {
+	if o, ok := st.role(); ok {
+		f.outcome = o
+	}
+}
+
+// done ends the flight with val and err.
+func (f *flight) done(val []byte, err error) state {
+	f.ans = answer{val, err}
+	return stDone
+}
+
+// begin reports whether f is Begin's flight: without a loader, a lease
+// it wins goes to the caller (stClaim), and so does a rebuild without one
+// (stLocal).
+func (f *flight) begin() bool { return f.load == nil }
+
+// goDown sends the flight to stDown for cause.
+func (f *flight) goDown(cause error) state {
+	f.cause = cause
+	return stDown
+}
+
+// read reads the key: a value goes to stServe, a miss to stAcquire.
+// Redis down sends the first look to stDown (as does an open breaker);
+// a follower's look waits on (the budget bounds the wait).
+func (f *flight) read() state {
+	c := f.c
+	if f.wait == nil && !c.brk.allow() {
+		return f.goDown(errBreakerOpen)
+	}
+	var env envelope
+	var ok bool
+	var err error
+	if pre := f.pre; pre != nil {
+		// The caller that started the flight has just read the key.
+		f.pre = nil
+		f.seen, env, ok, err = pre.sent, pre.env, pre.ok, pre.err
+		f.early = pre.due
+	} else {
+		env, ok, err = c.read(f)
+	}
+	switch {
+	case err != nil && f.wait != nil:
+		return f.looked(0)
+	case err != nil:
+		return f.goDown(err)
+	case ok:
+		f.env = env
+		return stServe
+	}
+	return f.miss()
+}
+
+// serve answers from the envelope read (see served), or goes on to the
+// lease.
+func (f *flight) serve() state {
+	if f.served(f.env) {
+		return stDone
+	}
+	return f.miss()
+}
+
+// miss goes on to the lease; the first look counts a miss.
+func (f *flight) miss() state {
+	if f.wait == nil {
+		f.c.stats.misses.Add(1)
+	}
+	return stAcquire
+}
+
+// acquire takes the key's lease (see acquired). The first look follows
+// when it is held, or goes down when Redis fails; a follower's look
+// takes a free lease over, or waits on.
+func (f *flight) acquire() state {
+	c := f.c
+	ttl := c.leaseFor(f.key)
+	var (
+		sent time.Time
+		gr   genRead
+		r    attempted
+		err  error
+	)
+	for i := range 3 {
+		sent, gr = time.Now(), c.newGenRead()
+		aw := awaiting{fence: f.awaited, after: f.retried}
+		if i == 2 {
+			aw = awaiting{} // bounded: the markers have answered twice
+		}
+		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, aw, gr.side())
+		if r.failure == "" {
+			break
+		}
+		// The leader this follower waited for failed (or, after a retry,
+		// a newer one did), and the message did not reach it: the failure
+		// marker tells. Unless it retries, that ends the flight.
+		if f.heard(notice{payload: r.failure}) {
+			return stDone
+		}
+	}
+	st := f.acquired(r, err, sent, ttl)
+	switch st {
+	case stDown:
+		if f.cause != nil {
+			c.redisFailed(f.cause)
+		}
+	case stLead, stClaim:
+		f.gen = c.genResult(gr) // before the load begins
+	}
+	if f.wait == nil {
+		if st == stFollow {
+			c.sig.lease(f.key, LeaseContended)
+		}
+		return st
+	}
+	switch st { // a follower's look
+	case stLead, stClaim:
+		c.stats.takeovers.Add(1)
+		c.sig.lease(f.key, LeaseTakenOver)
+		f.wait.end = WaitTakeover
+	case stFollow, stDown:
+		return f.looked(f.pttl)
+	}
+	return st
+}
+
+// acquired is the step after an ACQUIRE sent at sent returned r and err,
+// for Get's flight (acquire) and GetMany's batch (acquireMany) alike. It
+// records the holder; a value that landed since the flight looked
+// answers it (stDone), an expired or unreadable one is rebuilt over.
+// Then: won, stLead (Begin: stClaim) with f.lease; held, stFollow with
+// f.pttl; otherwise stDown with f.cause (not yet reported to the breaker:
+// the caller does, as a batch does once for all its keys).
+func (f *flight) acquired(r attempted, err error, sent time.Time, ttl time.Duration) state {
+	c := f.c
+	if r.holder != "" {
+		f.awaited = r.holder
+	}
+	if errors.Is(err, ErrLeaseHeld) {
+		f.heldAt = sent
+		f.floor = max(f.floor, r.counter)
+	}
+	if err == nil && r.lease == nil {
+		f.seen = sent
+		if env, ok := decodeEnvelope(r.value); ok && f.served(env) {
+			return stDone
+		}
+		// An expired or unreadable value is there: rebuild over it.
+		r.lease, r.pttl, err = c.locker.try(c.ctx, f.key, f.keys, ttl)
+	}
+	f.pttl = r.pttl
+	switch {
+	case r.lease != nil && f.begin():
+		f.lease = r.lease
+		return stClaim
+	case r.lease != nil:
+		f.lease = r.lease
+		return stLead
+	case errors.Is(err, ErrLeaseHeld):
+		return stFollow
+	}
+	return f.goDown(err)
+}
+
+// lead loads and commits under the lease (see Cache.lead).
+func (f *flight) lead() state {
+	return f.done(f.c.lead(f, f.lease, false))
+}
+
+// claim ends Begin's flight with the lease won: its caller builds the
+// value (fill.go). A takeover is counted as such, not as a lead.
+func (f *flight) claim() state {
+	if f.wait == nil {
+		f.c.stats.leads.Add(1)
+	}
+	return f.done(nil, nil)
+}
+
+// read GETs and decodes the key's envelope. ok is false on a miss,
+// including bytes that are not an intact envelope (counted as corrupt).
+// err is an infrastructure error, already recorded by the breaker.
+func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
+	f.seen = time.Now()
+	b, err := c.readValue(c.ctx, f.keys.value)
+	if err != nil && isInfraError(err) {
+		c.redisFailed(err)
+		return envelope{}, false, err
+	}
+	c.redisAnswered()
+	if err != nil {
+		return envelope{}, false, nil // redis.Nil or a wrong-type reply: a miss
+	}
+	env, ok = decodeEnvelope(b)
+	if !ok {
+		c.countCorrupt(f.key, len(b))
+	}
+	return env, ok, nil
+}
+
+// served reports whether env answers the flight (then f.ans is the
+// answer): a fresh value (which may also start an early refresh) or a
+// stale one within StaleFor (which starts a refresh); for Begin, a pass
+// mark. It is false when the envelope is past both, or a pass mark for
+// Get. A follower's read is no hit: its outcome stays follower, and it
+// counts as a follow.
+func (f *flight) served(env envelope) bool {
+	c := f.c
+	now := c.now()
+	early := f.early // drawn for the first envelope only
+	f.early = false
+	f.env = env
+	f.cur = currency{from: f.seen}
+	c.observeDelta(f, env.fence, env.delta)
+	follower := f.wait != nil
+	var o Outcome
+	var a answer
+	switch fresh := now.Before(env.softExp); {
+	case env.pass:
+		// A pass mark (Fill.Pass) answers Begin; Get rebuilds over it.
+		if !f.begin() || !fresh {
+			return false
+		}
+		if follower {
+			// It waited on the rebuild that passed: told as its waiters are.
+			f.ans = answer{err: fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload)}
+			return true
+		}
+		o, a = OutcomePass, answer{err: passError(f.key)}
+		c.stats.passes.Add(1)
+	case fresh:
+		switch {
+		case early || c.xfetchDue(env, now):
+			o = OutcomeEarlyRefresh
+			c.stats.earlyRefreshes.Add(1)
+			c.refreshAsync(f, env)
+		case env.negative:
+			o = OutcomeNegative
+		default:
+			o = OutcomeHit
+		}
+		switch {
+		case env.negative && !follower:
+			c.stats.negativeHits.Add(1)
+		case !follower:
+			c.stats.hits.Add(1)
+		}
+		a = envAnswer(env)
+	case now.Before(env.staleExp):
+		o, a = OutcomeStale, envAnswer(env)
+		c.stats.staleServed.Add(1)
+		c.refreshAsync(f, env)
+	default:
+		return false
+	}
+	if !follower {
+		f.outcome = o
+	}
+	f.ans = a
+	return true
+}
+
+// envAnswer is the answer an envelope holds: its value, or ErrNotFound.
+func envAnswer(env envelope) answer {
+	if env.negative {
+		return answer{err: ErrNotFound}
+	}
+	return answer{val: env.payload}
+}
+
 func (f *flight) origin() context.Context {
 	switch {
 	case f.from != nil:
@@ -159,195 +544,7 @@ func (r *flightResult) answers(joined time.Time, writes uint64, err error) bool 
 }
 
 // run runs the flight: it returns the value or the error every local
-// caller gets, with the outcome recorded in f.
-func (c *Cache) run(f *flight) (val []byte, err error) {
-	defer func() {
-		// The loader's panics are recovered in runLoader; this is for
-		// herd's own bugs, which must not crash the process either (x/sync
-		// re-panics in a goroutine when a DoChan caller waits).
-		if r := recover(); r != nil {
-			val, err = nil, newLoadError(f.key, &PanicError{Value: r, Stack: debug.Stack()})
-		}
-	}()
-	if !c.brk.allow() {
-		return c.redisDown(f, errBreakerOpen)
-	}
-	var env envelope
-	var ok bool
-	if pre := f.pre; pre != nil {
-		// The caller that started the flight has just read the key.
-		f.seen, env, ok, err = pre.sent, pre.env, pre.ok, pre.err
-		f.early = pre.due
-	} else {
-		env, ok, err = c.read(f)
-	}
-	if err != nil {
-		return c.redisDown(f, err)
-	}
-	if ok {
-		if v, err, done := c.served(f, env); done {
-			return v, err
-		}
-	}
-	c.stats.misses.Add(1)
-	lease, v, done, pttl, err := c.acquire(f)
-	switch {
-	case done:
-		return v, err
-	case lease != nil && f.load == nil:
-		c.stats.leads.Add(1)
-		f.outcome, f.claim = OutcomeLeader, lease // Begin: the caller builds the value
-		return nil, nil
-	case lease != nil:
-		f.outcome = OutcomeLeader
-		return c.lead(f, lease, false)
-	case errors.Is(err, ErrLeaseHeld):
-		f.outcome = OutcomeFollower
-		c.sig.lease(f.key, LeaseContended)
-		return c.follow(f, pttl)
-	default:
-		return c.redisDown(f, err)
-	}
-}
 
-// acquire takes the key's lease, unless a usable value landed since the
-// flight looked (then done is set and val, err are the answer). On
-// ErrLeaseHeld pttl is the holder's remaining time.
-func (c *Cache) acquire(f *flight) (lease *Lease, val []byte, done bool, pttl time.Duration, err error) {
-	ttl := c.leaseFor(f.key)
-	var (
-		sent time.Time
-		gr   genRead
-		r    attempted
-	)
-	for i := range 3 {
-		sent, gr = time.Now(), c.newGenRead()
-		aw := awaiting{fence: f.awaited, after: f.retried}
-		if i == 2 {
-			aw = awaiting{} // bounded: the markers have answered twice
-		}
-		r, err = c.locker.attempt(c.ctx, f.key, f.keys, ttl, modeMiss, nil, aw, gr.side())
-		if r.failure == "" {
-			break
-		}
-		// The leader this follower waited for failed (or, after a retry,
-		// a newer one did), and the message did not reach it: the failure
-		// marker tells. Unless it retries, that ends the flight.
-		if v, ferr, done := c.onNotice(f, notice{payload: r.failure}); done {
-			return nil, v, true, 0, ferr
-		}
-	}
-	if r.holder != "" {
-		f.awaited = r.holder
-	}
-	if errors.Is(err, ErrLeaseHeld) {
-		f.heldAt = sent
-		f.floor = max(f.floor, r.counter)
-	}
-	if err == nil && r.lease == nil {
-		f.seen = sent
-		if env, ok := decodeEnvelope(r.value); ok {
-			if v, err, done := c.served(f, env); done {
-				return nil, v, true, 0, err
-			}
-		}
-		// An expired or unreadable value is there: rebuild over it.
-		r.lease, r.pttl, err = c.locker.try(c.ctx, f.key, f.keys, ttl)
-	}
-	if err != nil && !errors.Is(err, ErrLeaseHeld) {
-		c.redisFailed(err)
-	}
-	if r.lease != nil {
-		f.gen = c.genResult(gr) // before the load begins
-	}
-	return r.lease, nil, false, r.pttl, err
-}
-
-// read GETs and decodes the key's envelope. ok is false on a miss,
-// including bytes that are not an intact envelope (counted as corrupt).
-// err is an infrastructure error, already recorded by the breaker.
-func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
-	f.seen = time.Now()
-	b, err := c.readValue(c.ctx, f.keys.value)
-	if err != nil && isInfraError(err) {
-		c.redisFailed(err)
-		return envelope{}, false, err
-	}
-	c.redisAnswered()
-	if err != nil {
-		return envelope{}, false, nil // redis.Nil or a wrong-type reply: a miss
-	}
-	env, ok = decodeEnvelope(b)
-	if !ok {
-		c.countCorrupt(f.key, len(b))
-	}
-	return env, ok, nil
-}
-
-// served decides whether env answers the flight: a fresh value (which may
-// also start an early refresh) or a stale one within StaleFor (which starts
-// a refresh). done is false when the envelope is past both.
-func (c *Cache) served(f *flight, env envelope) (val []byte, err error, done bool) {
-	now := c.now()
-	early := f.early // drawn for the first envelope only
-	f.early = false
-	f.env = env
-	f.cur = currency{from: f.seen}
-	c.observeDelta(f, env.fence, env.delta)
-	follower := f.outcome == OutcomeFollower
-	if follower {
-		// A follower that finds the value while waiting stays a follower,
-		// and its read is not a hit: it counts as a follow.
-		defer func() { f.outcome = OutcomeFollower }()
-	}
-	if env.pass {
-		// A pass mark (Fill.Pass) answers Begin; Get rebuilds over it.
-		if f.load != nil || !now.Before(env.softExp) {
-			return nil, nil, false
-		}
-		if follower {
-			// It waited on the rebuild that passed: told as its waiters are.
-			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload), true
-		}
-		f.outcome = OutcomePass
-		c.stats.passes.Add(1)
-		return nil, passError(f.key), true
-	}
-	switch {
-	case now.Before(env.softExp):
-		switch {
-		case early || c.xfetchDue(env, now):
-			f.outcome = OutcomeEarlyRefresh
-			c.stats.earlyRefreshes.Add(1)
-			c.refreshAsync(f, env)
-		case env.negative:
-			f.outcome = OutcomeNegative
-		default:
-			f.outcome = OutcomeHit
-		}
-		if env.negative {
-			if !follower {
-				c.stats.negativeHits.Add(1)
-			}
-			return nil, ErrNotFound, true
-		}
-		if !follower {
-			c.stats.hits.Add(1)
-		}
-		return env.payload, nil, true
-	case now.Before(env.staleExp):
-		f.outcome = OutcomeStale
-		c.stats.staleServed.Add(1)
-		c.refreshAsync(f, env)
-		if env.negative {
-			return nil, ErrNotFound, true
-		}
-		return env.payload, nil, true
-	}
-	return nil, nil, false
-}
-
-// passError is what Begin returns for a key that carries a pass mark.
 // countFailedLoad counts a load that gave no value: a value not for
 // sharing (ErrNotShared) is no failure and is counted apart.
 func (c *Cache) countFailedLoad(err error) {
@@ -358,6 +555,7 @@ func (c *Cache) countFailedLoad(err error) {
 	}
 }
 
+// passError is what Begin returns for a key that carries a pass mark.
 func passError(key string) error {
 	return fmt.Errorf("%w: %q: %w", ErrNotShared, key, ErrPass)
 }
@@ -482,188 +680,254 @@ func (c *Cache) releaseDetached(f *flight, lease *Lease, msg string, backoff tim
 	return sent, n == 2
 }
 
-// follow waits for another process's rebuild of the key: subscribe, look
-// again (the value may have landed before the subscription), then wait for
-// the wake-up message, a poll, or the budget.
-func (c *Cache) follow(f *flight, pttl time.Duration) (val []byte, err error) {
+// waiting is a follower's wait for another process's rebuild of the key
+// (see flight.follow). flight.follow creates it; Cache.follow and looked
+// update it; endWait ends it.
+type waiting struct {
+	start      time.Time
+	end        WaitEnd       // how the wait ended, as far as known
+	traced     func(WaitEnd) // ends the StartWait step, if any
+	sub        *subscription // the key's channel (nil: none)
+	wake       <-chan notice
+	notified   bool // pub/sub works (or will once confirmed)
+	callerDone <-chan struct{}
+	why        lookWhy       // why the look under way was made: what follows it
+	pttl       time.Duration // the holder's remaining lease, as last seen
+
+	// The budget: WaitTimeout when set. By default, twice the lease,
+	// renewed for as long as a live holder keeps its lease (it renews it
+	// while it rebuilds, up to MaxHold), so a slow rebuild is waited for
+	// rather than duplicated; up to MaxHold plus one lease per holder.
+	// The cap (hardEnd) counts from when the current holder (hardFor)
+	// was first seen: a new holder (a takeover, a hand-over) may renew up
+	// to MaxHold again.
+	budget   time.Duration
+	renewing bool
+	hardEnd  time.Time
+	hardFor  string
+	limit    *time.Timer
+
+	// With pub/sub, polling is a safety net: look when the holder's lease
+	// would run out (to take over a dead leader) and every PollMax.
+	// Without it, poll from the expected rebuild time with backoff.
+	backoff time.Duration
+	poll    *time.Timer
+}
+
+// lookWhy is why a follower looks at Redis again (see looked).
+type lookWhy uint8
+
+const (
+	lookFirst lookWhy = iota // just subscribed: the value may have landed before
+	lookRenew                // the budget ran out: does a holder still rebuild?
+	lookPoll                 // a poll, or a wake-up that did not answer
+)
+
+// follow starts waiting for another process's rebuild of the key: it
+// subscribes, then looks again (the value may have landed before the
+// subscription).
+func (f *flight) follow() state {
+	c := f.c
 	c.stats.waits.Add(1)
-	start := time.Now()
-	end := WaitPolled
-	traced := c.sig.startWait(f)
-	defer func() {
-		c.sig.wait(f.key, time.Since(start), end)
-		if traced != nil {
-			traced(end)
-		}
-	}()
+	w := &waiting{start: time.Now(), end: WaitPolled, pttl: f.pttl, why: lookFirst}
+	f.wait = w
+	w.traced = c.sig.startWait(f)
 	subCtx := c.ctx
 	if f.caller != nil {
 		subCtx = f.caller // Begin: the subscription waits no longer than its caller
 	}
 	sub, _, serr := c.notify.subscribe(subCtx, f.keys.channel)
 	if errors.Is(serr, ErrClosed) {
-		return nil, ErrClosed
+		return f.done(nil, ErrClosed)
 	}
-	var wake <-chan notice
 	if sub != nil {
-		defer sub.release()
-		wake = sub.C
+		w.sub, w.wake = sub, sub.C
 	}
-	notified := serr == nil // pub/sub works (or will once confirmed)
+	w.notified = serr == nil
+	return stRead
+}
 
-	if v, done, p, err := c.check(f); done {
-		if f.claim != nil || f.outcome == OutcomeLeader {
-			end = WaitTakeover
+// looked goes on with the wait after a look that neither answered the
+// flight nor took the lease; p is the holder's remaining lease (0:
+// unknown).
+func (f *flight) looked(p time.Duration) state {
+	c, w := f.c, f.wait
+	switch w.why {
+	case lookFirst:
+		if p > 0 {
+			w.pttl = p
 		}
-		return v, err
-	} else if p > 0 {
-		pttl = p
+		f.arm()
+	case lookRenew:
+		if p == 0 {
+			return f.timedOut()
+		}
+		// A holder keeps its lease: it is rebuilding.
+		w.pttl = p
+		if f.awaited != w.hardFor {
+			w.hardEnd, w.hardFor = time.Now().Add(c.cfg.MaxHold+c.leaseFor(f.key)), f.awaited
+		}
+		w.limit.Reset(min(w.budget, time.Until(w.hardEnd)))
+	case lookPoll:
+		w.pttl = p
+		w.poll.Reset(f.nextPoll())
 	}
-	var callerDone <-chan struct{}
+	return stWait
+}
+
+// arm sets the wait's budget and poll timers, after its first look.
+func (f *flight) arm() {
+	c, w := f.c, f.wait
 	if f.caller != nil {
-		callerDone = f.caller.Done()
+		w.callerDone = f.caller.Done()
 	}
-
-	// The budget: WaitTimeout when set. By default, twice the lease,
-	// renewed for as long as a live holder keeps its lease (it renews it
-	// while it rebuilds, up to MaxHold), so a slow rebuild is waited for
-	// rather than duplicated; up to MaxHold plus one lease per holder.
-	budget := c.cfg.WaitTimeout
-	renewing := budget == 0
-	if renewing {
-		budget = 2 * c.leaseFor(f.key)
+	w.budget = c.cfg.WaitTimeout
+	w.renewing = w.budget == 0
+	if w.renewing {
+		w.budget = 2 * c.leaseFor(f.key)
 	}
-	// The cap counts from when the current holder was first seen: a new
-	// holder (a takeover, a hand-over) may renew up to MaxHold again.
-	hardEnd, hardFor := start.Add(c.cfg.MaxHold+c.leaseFor(f.key)), f.awaited
-	limit := time.NewTimer(budget)
-	defer limit.Stop()
-
-	// With pub/sub, polling is a safety net: look when the holder's lease
-	// would run out (to take over a dead leader) and every PollMax.
-	// Without it, poll from the expected rebuild time with backoff.
-	backoff := c.cfg.PollMax
-	if !notified {
+	w.hardEnd, w.hardFor = w.start.Add(c.cfg.MaxHold+c.leaseFor(f.key)), f.awaited
+	w.limit = time.NewTimer(w.budget)
+	w.backoff = c.cfg.PollMax
+	if !w.notified {
 		est, _ := c.calib.Tail(c.cfg.KeyClass(f.key))
-		backoff = min(max(est/2, c.cfg.PollMin), c.cfg.PollMax)
+		w.backoff = min(max(est/2, c.cfg.PollMin), c.cfg.PollMax)
 	}
-	next := func() time.Duration {
-		d := lease.Jitter(backoff)
-		if pttl > 0 && pttl+time.Millisecond < d {
-			d = pttl + time.Millisecond
-		}
-		if !notified {
-			backoff = min(2*backoff, c.cfg.PollMax)
-		}
-		return d
-	}
-	poll := time.NewTimer(next())
-	defer poll.Stop()
+	w.poll = time.NewTimer(f.nextPoll())
+}
 
-	for {
-		select {
-		case <-c.ctx.Done():
-			end = WaitCancelled
-			return nil, ErrClosed
-		case <-callerDone:
-			end = WaitCancelled
-			return nil, f.caller.Err()
-		case <-limit.C:
-			if left := time.Until(hardEnd); renewing && left > 0 {
-				v, done, p, err := c.check(f)
-				if done {
-					if f.claim != nil || f.outcome == OutcomeLeader {
-						end = WaitTakeover
-					}
-					return v, err
-				}
-				if p > 0 { // a holder keeps its lease: it is rebuilding
-					pttl = p
-					if f.awaited != hardFor {
-						hardEnd, hardFor = time.Now().Add(c.cfg.MaxHold+c.leaseFor(f.key)), f.awaited
-					}
-					limit.Reset(min(budget, time.Until(hardEnd)))
-					continue
-				}
-			}
-			c.stats.waitTimeouts.Add(1)
-			end = WaitTimeout
-			return c.fallback(f, time.Since(start).Round(time.Millisecond))
-		case nt := <-wake:
-			if v, err, done := c.onNotice(f, nt); done {
-				c.stats.notified.Add(1)
-				end = WaitNotified
-				return v, err
-			}
-			end = WaitNotified // a wake-up that made it look again
-		case <-poll.C:
-			c.stats.polled.Add(1)
-			end = WaitPolled
+// nextPoll is the time until the wait's next poll.
+func (f *flight) nextPoll() time.Duration {
+	w := f.wait
+	d := lease.Jitter(w.backoff)
+	if w.pttl > 0 && w.pttl+time.Millisecond < d {
+		d = w.pttl + time.Millisecond
+	}
+	if !w.notified {
+		w.backoff = min(2*w.backoff, f.c.cfg.PollMax)
+	}
+	return d
+}
+
+// follow is stWait: it waits for a wake-up message, a poll or the
+// budget, and then looks again (stRead), unless the message answers the
+// flight or the wait ends. It is a method of Cache, not of flight, so
+// that a waiting follower's stack shows herd.(*Cache).follow, as it
+// always has: the middleware's tests find the waiting callers so.
+func (c *Cache) follow(f *flight) state {
+	w := f.wait
+	select {
+	case <-c.ctx.Done():
+		w.end = WaitCancelled
+		return f.done(nil, ErrClosed)
+	case <-w.callerDone:
+		w.end = WaitCancelled
+		return f.done(nil, f.caller.Err())
+	case <-w.limit.C:
+		if w.renewing && time.Until(w.hardEnd) > 0 {
+			w.why = lookRenew
+			return stRead
 		}
-		v, done, p, err := c.check(f)
-		if done {
-			if f.claim != nil || f.outcome == OutcomeLeader {
-				end = WaitTakeover
-			}
-			return v, err
+		return f.timedOut()
+	case nt := <-w.wake:
+		w.end = WaitNotified // a wake-up that answers, or made it look again
+		if f.heard(nt) {
+			c.stats.notified.Add(1)
+			return stDone
 		}
-		pttl = p
-		poll.Reset(next())
+	case <-w.poll.C:
+		c.stats.polled.Add(1)
+		w.end = WaitPolled
+	}
+	w.why = lookPoll
+	return stRead
+}
+
+// timedOut ends a wait whose budget is spent: Options.Fallback applies.
+func (f *flight) timedOut() state {
+	w := f.wait
+	f.c.stats.waitTimeouts.Add(1)
+	w.end = WaitTimeout
+	f.spent = time.Since(w.start).Round(time.Millisecond)
+	return stFallback
+}
+
+// endWait ends the follower's wait, if the flight waited, once it ended.
+func (f *flight) endWait() {
+	w := f.wait
+	if w == nil {
+		return
+	}
+	if w.poll != nil {
+		w.poll.Stop()
+	}
+	if w.limit != nil {
+		w.limit.Stop()
+	}
+	if w.sub != nil {
+		w.sub.release()
+	}
+	f.c.sig.wait(f.key, time.Since(w.start), w.end)
+	if w.traced != nil {
+		w.traced(w.end)
 	}
 }
 
-// onNotice handles a wake-up message. done is false when the follower
-// should look at Redis itself (a confirmation, a release without value, a
-// value too large to send, or one it cannot decode).
-func (c *Cache) onNotice(f *flight, nt notice) (val []byte, err error, done bool) {
+// heard reports whether a wake-up message answers the flight (then f.ans
+// is the answer). It is false when the follower should look at Redis
+// itself (a confirmation, a release without value, a value too large to
+// send, or one it cannot decode).
+func (f *flight) heard(nt notice) bool {
 	if nt.resub || nt.payload == "" {
-		return nil, nil, false
+		return false
 	}
 	switch nt.payload[0] {
 	case msgValue:
 		env, ok := decodeEnvelope([]byte(nt.payload[1:]))
-		if !ok || env.fence < f.floor || (env.pass && f.load != nil) {
+		if !ok || env.fence < f.floor || (env.pass && !f.begin()) {
 			// Unreadable, or an envelope older than the key's fence when
 			// this follower last looked (a message queued before a newer
 			// Set, Invalidate or lease), or a pass mark, which Get
 			// rebuilds over: look at Redis instead.
-			return nil, nil, false
+			return false
 		}
 		if env.pass {
 			// The leader passed (Fill.Pass): build it yourself.
-			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload), true
+			f.ans = answer{err: fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload)}
+			return true
 		}
 		f.env = env
 		f.cur = currency{from: f.heldAt}
-		c.observeDelta(f, env.fence, env.delta)
-		if env.negative {
-			return nil, ErrNotFound, true
-		}
-		return env.payload, nil, true
+		f.c.observeDelta(f, env.fence, env.delta)
+		f.ans = envAnswer(env)
+		return true
 	case msgFailed:
 		kind, fence, text := parseFailMessage(nt.payload)
 		if !f.endedBy(fence) {
-			return nil, nil, false // another leader's failure: look again
+			return false // another leader's failure: look again
 		}
 		switch kind {
 		case failNotFound:
 			f.cur = currency{from: f.heldAt}
-			return nil, ErrNotFound, true
+			f.ans = answer{err: ErrNotFound}
 		case failNotShared:
 			// The text is the leader's error, which wraps ErrNotShared
 			// too: say "value not shared" once.
 			text = strings.TrimPrefix(text, ErrNotShared.Error()+": ")
 			if text == ErrNotShared.Error() {
-				return nil, fmt.Errorf("%w: %q", ErrNotShared, f.key), true
+				f.ans = answer{err: fmt.Errorf("%w: %q", ErrNotShared, f.key)}
+			} else {
+				f.ans = answer{err: fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, text)}
 			}
-			return nil, fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, text), true
+		default:
+			if f.c.retries(f, kind, fence) {
+				return false // look again: take the lease, or follow who did
+			}
+			f.ans = answer{err: remoteLoadError(f.key, kind, text)}
 		}
-		if c.retries(f, kind, fence) {
-			return nil, nil, false // look again: take the lease, or follow who did
-		}
-		return nil, remoteLoadError(f.key, kind, text), true
+		return true
 	}
-	return nil, nil, false
+	return false
 }
 
 // endedBy reports whether the failure of the leader with the given fence
@@ -697,7 +961,7 @@ func fenceAfter(a, b string) bool {
 // retried already. When it does, f forgets the leader it awaited and
 // remembers which one failed.
 func (c *Cache) retries(f *flight, kind byte, fence string) bool {
-	if f.retried != "" || f.load == nil || (kind != failNoShare && !c.cfg.RetryFailedLoad) {
+	if f.retried != "" || f.begin() || (kind != failNoShare && !c.cfg.RetryFailedLoad) {
 		return false
 	}
 	if fence == "" || fence != f.awaited {
@@ -712,77 +976,56 @@ func (c *Cache) retries(f *flight, kind byte, fence string) bool {
 // check looks at Redis: a usable value ends the wait; a free lease is
 // taken and this process leads (a takeover). Otherwise it returns the
 // holder's remaining lease time. Infrastructure errors are recorded and
-// the wait goes on (the budget bounds it).
-func (c *Cache) check(f *flight) (val []byte, done bool, pttl time.Duration, err error) {
-	env, ok, rerr := c.read(f)
-	if rerr != nil {
-		return nil, false, 0, nil
-	}
-	if ok {
-		if v, err, done := c.served(f, env); done {
-			return v, true, 0, err
-		}
-	}
-	lease, v, done, pttl, err := c.acquire(f)
-	switch {
-	case done:
-		return v, true, 0, err
-	case lease != nil:
-		c.stats.takeovers.Add(1)
-		c.sig.lease(f.key, LeaseTakenOver)
-		f.outcome = OutcomeLeader
-		if f.load == nil {
-			f.claim = lease // Begin: the caller builds the value
-			return nil, true, 0, nil
-		}
-		v, err := c.lead(f, lease, false)
-		return v, true, 0, err
-	}
-	return nil, false, pttl, nil
-}
 
-// fallback applies Options.Fallback after a follower spent its budget.
-func (c *Cache) fallback(f *flight, budget time.Duration) ([]byte, error) {
-	f.outcome = OutcomeFallback
-	timeout := fmt.Errorf("%w: %q: no value after waiting %v for another process's rebuild", ErrWaitTimeout, f.key, budget)
+// fallback applies Options.Fallback after a follower spent its budget
+// (f.spent).
+func (f *flight) fallback() state {
+	c := f.c
+	timeout := fmt.Errorf("%w: %q: no value after waiting %v for another process's rebuild", ErrWaitTimeout, f.key, f.spent)
 	switch c.cfg.Fallback {
 	case ReturnError:
-		return nil, timeout
+		return f.done(nil, timeout)
 	case ServeStale:
 		f.cur = currency{from: time.Now()}
 		b, err := c.readValue(c.ctx, f.keys.value)
 		if err == nil {
 			if env, ok := decodeEnvelope(b); ok && !env.pass {
-				if env.negative {
-					return nil, ErrNotFound
-				}
-				return env.payload, nil
+				a := envAnswer(env)
+				return f.done(a.val, a.err)
 			}
 		}
-		return nil, timeout
+		return f.done(nil, timeout)
 	}
-	return c.loadLocal(f)
+	return stLocal
 }
 
-// redisDown handles a flight that cannot use Redis.
-func (c *Cache) redisDown(f *flight, cause error) ([]byte, error) {
-	f.outcome = OutcomeFallback
+// down handles a flight that cannot use Redis (f.cause): it fails closed,
+// or open (stLocal).
+func (f *flight) down() state {
+	c := f.c
 	f.redisDown = true
 	if c.cfg.FailClosed {
-		return nil, fmt.Errorf("%w: %w", ErrUnavailable, cause)
+		return f.done(nil, fmt.Errorf("%w: %w", ErrUnavailable, f.cause))
 	}
 	c.stats.failOpen.Add(1)
 	c.sig.failOpen(f.key)
-	return c.loadLocal(f)
+	return stLocal
+}
+
+// local rebuilds the value without a lease and without storing it: with
+// the loader (see loadLocal), or, for Begin, by the caller (an unleased
+// Fill).
+func (f *flight) local() state {
+	if f.begin() {
+		f.unleased = true
+		return f.done(nil, nil)
+	}
+	return f.done(f.c.loadLocal(f))
 }
 
 // loadLocal runs the loader without a lease and without storing the
 // result, bounded by MaxLocalLoads concurrent runs in this process.
 func (c *Cache) loadLocal(f *flight) ([]byte, error) {
-	if f.load == nil {
-		f.unleased = true // Begin: the caller builds it, unstored
-		return nil, nil
-	}
 	release, err := c.localSlot(f.key)
 	if err != nil {
 		return nil, err

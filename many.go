@@ -325,7 +325,7 @@ func (m *manyCall) initFlight(f *flight, k *manyKey) {
 		k.keys, _ = makeKeys(m.c.cfg.Prefix, k.key) // valid: prepare checked it
 	}
 	one := m.load.one(k.key)
-	*f = flight{key: k.key, keys: k.keys, ttl: m.ttl, load: one, refresh: one}
+	*f = flight{c: m.c, key: k.key, keys: k.keys, ttl: m.ttl, load: one, refresh: one}
 }
 
 // one is load for a single key: what a flight of that key alone calls.
@@ -435,19 +435,18 @@ func (m *manyCall) leave(err error) {
 
 // member is a flight that a GetMany started: its runMany finishes it.
 type member struct {
-	f     *flight
-	call  *flightCall
-	down  error // Redis is unreachable: load it without a lease
-	lease *Lease
-	done  atomic.Bool // finished
+	f    *flight
+	call *flightCall
+	down error       // Redis is unreachable: load it without a lease
+	done atomic.Bool // finished
 }
 
-// finishMember ends m's flight with val and err, once.
-func (c *Cache) finishMember(m *member, val []byte, err error) {
+// finishMember ends m's flight with a, once.
+func (c *Cache) finishMember(m *member, a answer) {
 	if m.done.Swap(true) {
 		return
 	}
-	c.group.finish(m.f.key, m.call, &flightResult{val: val, outcome: m.f.outcome, cur: m.f.cur}, err)
+	c.group.finish(m.f.key, m.call, &flightResult{val: a.val, outcome: m.f.outcome, cur: m.f.cur}, a.err)
 }
 
 // startMany runs the flights ms, up to manyChunk at a time, detached from
@@ -457,7 +456,7 @@ func (c *Cache) startMany(load ManyLoadFunc, ms []*member) {
 		done, ok := c.track()
 		if !ok {
 			for _, m := range chunk {
-				c.finishMember(m, nil, ErrClosed)
+				c.finishMember(m, answer{err: ErrClosed})
 			}
 			continue
 		}
@@ -480,7 +479,7 @@ func (c *Cache) runMany(load ManyLoadFunc, ms []*member) {
 		if r := recover(); r != nil {
 			pe := &PanicError{Value: r, Stack: debug.Stack()}
 			for _, m := range ms {
-				c.finishMember(m, nil, newLoadError(m.f.key, pe))
+				c.finishMember(m, answer{err: newLoadError(m.f.key, pe)})
 			}
 		}
 	}()
@@ -516,10 +515,14 @@ func (c *Cache) runMany(load ManyLoadFunc, ms []*member) {
 }
 
 // acquireMany takes the leases of ms in one pipeline per master (the
-// ACQUIRE of Get's flight, in the same mode). It finishes the flights
-// whose value landed meanwhile, starts a follow for each key whose lease
-// another process holds, and returns the keys it leads, and those that
-// could not reach Redis with the error.
+// ACQUIRE of Get's flight, in the same mode), and takes each key's reply
+// through the flight's own step (flight.acquired). It finishes the
+// flights whose value landed meanwhile, starts a follow for each key whose
+// lease another process holds, and returns the keys it leads, and those
+// that could not reach Redis with the error. What differs from Get's
+// stAcquire is what a batch must do once for all its keys: the purge
+// generation is read once before the pipeline, and the breaker hears one
+// verdict for the batch.
 func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 	gr := c.newGenRead()
 	if side := gr.side(); side != nil {
@@ -548,40 +551,22 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 			start = calls[i].sent
 		}
 		r, err := c.locker.parseAcquire(c.ctx, f.key, f.keys, ttls[i], owners[i], start, calls[i])
-		if r.holder != "" {
-			f.awaited = r.holder
-		}
-		if errors.Is(err, ErrLeaseHeld) {
-			f.heldAt = sent
-			f.floor = max(f.floor, r.counter)
-		}
-		if err == nil && r.lease == nil {
-			// A value landed since the read.
-			f.seen = sent
-			if env, ok := decodeEnvelope(r.value); ok {
-				if v, err, done := c.served(f, env); done {
-					answered = true
-					c.finishMember(m, v, err)
-					continue
-				}
-			}
-			// An expired or unreadable value is there: rebuild over it.
-			r.lease, r.pttl, err = c.locker.try(c.ctx, f.key, f.keys, ttls[i])
-		}
-		switch {
-		case r.lease != nil:
+		switch f.acquired(r, err, sent, ttls[i]) {
+		case stDone: // a value landed since the read
+			answered = true
+			c.finishMember(m, f.ans)
+		case stLead:
 			answered = true
 			f.gen = gen
-			f.outcome = OutcomeLeader
-			m.lease = r.lease
+			f.enter(stLead)
 			led = append(led, m)
-		case errors.Is(err, ErrLeaseHeld):
+		case stFollow:
 			answered = true
-			f.outcome = OutcomeFollower
+			f.enter(stFollow)
 			c.sig.lease(f.key, LeaseContended)
-			c.followMember(m, r.pttl)
-		default:
-			failed, cause = append(failed, m), err
+			c.followMember(m)
+		default: // stDown (a batch never claims: it is no Begin)
+			failed, cause = append(failed, m), f.cause
 		}
 	}
 	// One verdict for the batch, as for its read: an answer if Redis
@@ -596,24 +581,28 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 	return led, failed, cause
 }
 
-// followMember waits, in its own goroutine, for the other process that
-// holds m's lease, as Get's follower does, and finishes m's flight.
-func (c *Cache) followMember(m *member, pttl time.Duration) {
+// followMember runs m's flight from stFollow in its own goroutine: it
+// waits for the other process that holds m's lease, as Get's follower
+// does (and leads alone if it takes the lease over), and finishes m's
+// flight.
+func (c *Cache) followMember(m *member) {
 	done, ok := c.track()
 	if !ok {
-		c.finishMember(m, nil, ErrClosed)
+		c.finishMember(m, answer{err: ErrClosed})
 		return
 	}
 	go func() {
 		defer done()
-		v, err := guarded(m.f.key, func() ([]byte, error) { return c.follow(m.f, pttl) })
-		c.finishMember(m, v, err)
+		c.finishMember(m, m.f.fly(stFollow))
 	}()
 }
 
 // leadMany loads the keys of led, whose leases this process holds, with
 // one call of load, then settles each key as Get's leader does: the
 // COMMITs (values and negative entries) go in one pipeline per master.
+// It is Get's stLead (Cache.lead) for many keys: one load instead of one
+// per key is the point of a batch, so this step is the batch's own; the
+// settling after it is the flight's (settle).
 func (c *Cache) leadMany(load ManyLoadFunc, led []*member) {
 	keys := make([]string, len(led))
 	writes := make([]uint64, len(led))
@@ -621,7 +610,7 @@ func (c *Cache) leadMany(load ManyLoadFunc, led []*member) {
 		keys[i] = m.f.key
 		writes[i] = c.writesOf(m.f.key)
 		c.stats.leads.Add(1)
-		m.lease.KeepAlive(c.cfg.MaxHold)
+		m.f.lease.KeepAlive(c.cfg.MaxHold)
 	}
 	exp := &expiry{ttl: led[0].f.ttl, staleFor: c.cfg.StaleFor, c: c}
 	start := time.Now()
@@ -643,39 +632,45 @@ func (c *Cache) leadMany(load ManyLoadFunc, led []*member) {
 		wg.Go(func() {
 			out, oerr := guarded(m.f.key, func() ([]byte, error) {
 				defer m.f.skipCommit()
-				return c.settle(m.f, m.lease, false, ld)
+				return c.settle(m.f, m.f.lease, false, ld)
 			})
-			c.finishMember(m, out, oerr)
+			c.finishMember(m, answer{out, oerr})
 		})
 	}
 	wg.Wait()
 }
 
 // loadManyLocal loads ms, which cannot use Redis (cause), as Get's
-// flight does then: with one call of load, without a lease and without
-// storing the values; or, with FailClosed, fails them with ErrUnavailable.
+// flight does then: each key takes the flight's stDown step, which fails
+// it closed (ErrUnavailable) or sends it to stLocal; the keys in stLocal
+// are loaded with one call of load (the batch's own stLocal: one load for
+// many keys), without a lease and without storing the values.
 func (c *Cache) loadManyLocal(load ManyLoadFunc, ms []*member, cause error) {
 	finishAll := func(err error) {
 		for _, m := range ms {
-			c.finishMember(m, nil, err)
+			c.finishMember(m, answer{err: err})
 		}
 	}
 	if c.ctx.Err() != nil {
 		finishAll(ErrClosed)
 		return
 	}
+	local := ms[:0:0]
 	for _, m := range ms {
-		m.f.outcome, m.f.redisDown = OutcomeFallback, true
+		m.f.cause = cause // the batch's
+		if m.f.step(stDown) == stDone {
+			c.finishMember(m, m.f.ans)
+		} else {
+			local = append(local, m)
+		}
 	}
-	if c.cfg.FailClosed {
-		finishAll(fmt.Errorf("%w: %w", ErrUnavailable, cause))
+	ms = local
+	if len(ms) == 0 {
 		return
 	}
 	keys := make([]string, len(ms))
 	for i, m := range ms {
 		keys[i] = m.f.key
-		c.stats.failOpen.Add(1)
-		c.sig.failOpen(m.f.key)
 	}
 	release, err := c.localSlot(keys[0])
 	if err != nil {
@@ -696,7 +691,7 @@ func (c *Cache) loadManyLocal(load ManyLoadFunc, ms []*member, cause error) {
 		v, kerr := pick(vals, err, m.f.key)
 		c.sig.load(m.f.key, d, kerr, false)
 		out, oerr := c.localResult(m.f, v, kerr)
-		c.finishMember(m, out, oerr)
+		c.finishMember(m, answer{out, oerr})
 	}
 }
 

@@ -107,9 +107,9 @@ func (m *manyCall) read(ctx context.Context) {
 		// Stale, an early refresh due, or a pass mark: as Get's flight.
 		f := m.newFlight(k)
 		f.seen, f.early = sent, due // the read's one early-refresh draw
-		if v, err, done := c.served(f, env); done {
+		if f.served(env) {
 			c.reportLookup(k.key, f.outcome)
-			m.answer(k.key, v, err)
+			m.answer(k.key, f.ans.val, f.ans.err)
 			continue
 		}
 		todo = append(todo, k)

@@ -485,17 +485,17 @@ type nearResult struct {
 // nearHit answers Get from process memory, before anything else of Get:
 // ok is false when there is no copy to serve (or the near cache is not
 // serving).
-func (c *Cache) nearHit(ctx context.Context, key string) (val []byte, err error, ok bool) {
+func (c *Cache) nearHit(ctx context.Context, key string) (a answer, ok bool) {
 	e, ok := c.nearCopy(key)
 	if !ok {
-		return nil, nil, false
+		return answer{}, false
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err, true
+		return answer{err: err}, true
 	}
 	c.stats.nearHits.Add(1)
-	val, err = c.nearAnswer(ctx, key, e.val, e.negative)
-	return val, err, true
+	a.val, a.err = c.nearAnswer(ctx, key, e.val, e.negative)
+	return a, true
 }
 
 // nearCopy returns the near copy of key that may be served now, if any

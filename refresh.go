@@ -90,7 +90,7 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 			return
 		}
 	}
-	rf := &flight{key: f.key, keys: f.keys, ttl: f.ttl, load: load, refresh: load}
+	rf := &flight{c: c, key: f.key, keys: f.keys, ttl: f.ttl, load: load, refresh: load}
 	fence := (&envelope{fence: seen.fence}).encode()[2:10]
 	go func() {
 		defer func() {
