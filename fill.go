@@ -212,9 +212,15 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 		}
 		pre = p // the flight starts from the fill's read, as Get's does
 	}
+	// An explicit WaitTimeout bounds the whole call, however many waits
+	// it takes (Options.WaitTimeout: a hard bound).
+	var waitBy time.Time
+	if c.cfg.WaitTimeout > 0 {
+		waitBy = joined.Add(c.cfg.WaitTimeout)
+	}
 	timedOut := false
 	for round := 0; round < 3; round++ {
-		hit, waited, err := c.waitLocalFill(ctx, key, joined, writes)
+		hit, waited, err := c.waitLocalFill(ctx, key, joined, writes, waitBy)
 		if !waited {
 			break
 		}
@@ -229,7 +235,7 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 		c.reportLookup(key, OutcomeFollower) // waited for this process's Fill, whatever its end
 		return hit, nil, err
 	}
-	f := &flight{c: c, key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx, pre: pre}
+	f := &flight{c: c, key: key, keys: keys, ttl: ttl, prepare: refresh, caller: ctx, pre: pre, waitBy: waitBy}
 	st := stRead
 	if timedOut {
 		f.spent, st = c.localWaitBudget(key), stFallback
@@ -259,7 +265,7 @@ func (c *Cache) nearBeginHit(ctx context.Context, key string, e nearEntry) (*Hit
 // or whose value is not known current for a caller that joined at joined
 // with the key's local write count writes (see currency), answers with
 // errYielded: look again.
-func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time, writes uint64) (hit *Hit, waited bool, err error) {
+func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time, writes uint64, waitBy time.Time) (hit *Hit, waited bool, err error) {
 	c.fillMu.Lock()
 	lf := c.fills[key]
 	if lf != nil {
@@ -270,6 +276,9 @@ func (c *Cache) waitLocalFill(ctx context.Context, key string, joined time.Time,
 		return nil, false, nil
 	}
 	budget := c.localWaitBudget(key)
+	if !waitBy.IsZero() {
+		budget = max(time.Until(waitBy), 0) // what the caller's earlier waits left
+	}
 	limit := time.NewTimer(budget)
 	defer limit.Stop()
 	select {

@@ -38,6 +38,10 @@ type flight struct {
 	// caller is Begin's caller's context: it bounds the follower's wait
 	// (nil for Get, whose flight belongs to no caller).
 	caller context.Context
+	// waitBy, for Begin with an explicit WaitTimeout, is when the
+	// caller's budget ends, counted from its call: the waits for this
+	// process's Fills have spent part of it already.
+	waitBy time.Time
 	// from is the context of the Get that started the flight, for the
 	// Observer's Start hooks only: its values, never its cancellation
 	// (the flight belongs to no caller). nil: Begin's caller, or none.
@@ -783,8 +787,11 @@ func (f *flight) arm() {
 	}
 	w.budget = c.cfg.WaitTimeout
 	w.renewing = w.budget == 0
-	if w.renewing {
+	switch {
+	case w.renewing:
 		w.budget = 2 * c.leaseFor(f.key)
+	case !f.waitBy.IsZero():
+		w.budget = max(time.Until(f.waitBy), 0) // what the caller's earlier waits left
 	}
 	w.hardEnd, w.hardFor = w.start.Add(c.cfg.MaxHold+c.leaseFor(f.key)), f.awaited
 	w.limit = time.NewTimer(w.budget)

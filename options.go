@@ -255,7 +255,9 @@ type Options struct {
 
 	// WaitTimeout is a follower's wait budget: how long a caller waits for
 	// another process's rebuild before Fallback applies. Every caller also
-	// leaves when its own context ends. When set, it is a hard bound. By
+	// leaves when its own context ends. When set, it is a hard bound on the
+	// whole call, however many waits it takes (a Begin that waited for this
+	// process's Fill, handed over, then follows another's). By
 	// default a follower waits for as long as the rebuild it waits for is
 	// alive: twice the key's current lease length (see LeaseFactor), again
 	// and again while the lease is still held (a live leader renews it
