@@ -3,6 +3,7 @@ package redistest
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -130,11 +131,27 @@ func (s *Sentinel) Client(t testing.TB, opts ...func(*redis.FailoverOptions)) *r
 // master, or fails the test when they do not agree.
 func (s *Sentinel) Master(t testing.TB) *Server {
 	t.Helper()
-	m, err := s.agreedMaster()
+	m, err := retried(s.agreedMaster)
 	if err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
 	return m
+}
+
+// retried calls ask until it answers without a network error (a Sentinel
+// that a loaded machine left without a second to accept or answer: CI
+// once saw a 1s dial to one time out), for up to 10 seconds. Other errors
+// (Sentinels that disagree, an unknown master) are returned at once.
+func retried[T any](ask func() (T, error)) (T, error) {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		v, err := ask()
+		var ne net.Error
+		if err == nil || !errors.As(err, &ne) || time.Now().After(deadline) {
+			return v, err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // Failover asks a Sentinel for a graceful failover (SENTINEL FAILOVER) and
@@ -212,7 +229,7 @@ func (s *Sentinel) PauseMaster(t testing.TB) (old, promoted *Server) {
 
 func (s *Sentinel) mustEpoch(t testing.TB) int64 {
 	t.Helper()
-	e, err := s.epoch()
+	e, err := retried(s.epoch)
 	if err != nil {
 		t.Fatalf("redistest: SENTINEL MASTER: %v", err)
 	}
