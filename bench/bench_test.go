@@ -279,10 +279,14 @@ func TestFlags(t *testing.T) {
 	if c.WriteRate != 0 || c.Duration != 2*time.Second || c.HotDuration != 2*time.Second {
 		t.Errorf("-duration 2s: rate %v, durations %v, %v (want -duration for both)", c.WriteRate, c.Duration, c.HotDuration)
 	}
+	if c, err = parseFlags([]string{"-cluster", "start"}, io.Discard); err != nil || !c.StartCluster || len(c.ClusterAddrs) != 0 {
+		t.Errorf("-cluster start: %+v, %v; want a cluster started for the run", c, err)
+	}
 	for _, bad := range [][]string{
 		{"-write-rate", "fast"}, {"-write-rate", "-1/s"}, {"-write-rate", "1/m"}, {"-write-rate", "1e9/s"},
 		{"-scenarios", "warm"}, {"-strategies", "memcache"}, {"-ttl", "500ms"}, {"-redis", "a:1", "-cluster", "b:1"},
 		{"-p", "0"}, {"-zipf", "1"}, {"extra"}, {"-embedded", "-redis", "a:1"}, {"-embedded", "-cluster", "a:1,b:1"},
+		{"-cluster", "start", "-redis", "a:1"}, {"-cluster", "start", "-embedded"},
 	} {
 		if _, err := parseFlags(bad, io.Discard); err == nil {
 			t.Errorf("%q: no error", bad)

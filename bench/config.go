@@ -69,6 +69,7 @@ type config struct {
 	Wide                  bool // one table line per row, every column side by side
 	RedisAddr             string
 	ClusterAddrs          []string
+	StartCluster          bool // -cluster start: a 3-master cluster started for the run
 	Embedded              bool // miniredis even when redis-server is on $PATH
 
 	Keys       int           // steady/failure key-space size
@@ -107,7 +108,7 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	fs.StringVar(&c.MDPath, "md", "", "write the table and the command as Markdown to `file`")
 	fs.BoolVar(&c.Wide, "wide", false, "print each result on one line, every column side by side (over 200 columns), instead of one table per measure that fits 100 columns")
 	fs.StringVar(&c.RedisAddr, "redis", "", "use the Redis server at `addr` (by default the bench starts a redis-server from $PATH on a free loopback port, or falls back to the embedded miniredis)")
-	fs.StringVar(&cluster, "cluster", "", "use the Redis Cluster at `addr,addr,...`")
+	fs.StringVar(&cluster, "cluster", "", "use the Redis Cluster at `addr,addr,...`, or \"start\": start a 3-master cluster of redis-servers from $PATH for the run")
 	fs.BoolVar(&c.Embedded, "embedded", false, "use the embedded miniredis even when redis-server is on $PATH (Lua scripts run one at a time there: latencies are not representative)")
 	fs.IntVar(&c.Keys, "keys", 1000, "keys in the steady and failure scenarios (Zipf-distributed)")
 	fs.Float64Var(&c.Zipf, "zipf", 1.1, "Zipf exponent s (> 1) of the key popularity")
@@ -167,7 +168,9 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	if c.Strategies, err = parseList(strat, allStrategies, "strategy"); err != nil {
 		return nil, err
 	}
-	if cluster != "" {
+	if cluster == "start" {
+		c.StartCluster = true
+	} else if cluster != "" {
 		for _, a := range strings.Split(cluster, ",") {
 			if a = strings.TrimSpace(a); a != "" {
 				c.ClusterAddrs = append(c.ClusterAddrs, a)
@@ -175,9 +178,11 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 		}
 	}
 	switch {
-	case c.RedisAddr != "" && len(c.ClusterAddrs) > 0:
+	case c.StartCluster && !canStartServer:
+		return nil, errors.New("-cluster start: the bench starts redis-servers only on Unix systems")
+	case c.RedisAddr != "" && (len(c.ClusterAddrs) > 0 || c.StartCluster):
 		return nil, errors.New("-redis and -cluster are exclusive")
-	case c.Embedded && (c.RedisAddr != "" || len(c.ClusterAddrs) > 0):
+	case c.Embedded && (c.RedisAddr != "" || len(c.ClusterAddrs) > 0 || c.StartCluster):
 		return nil, errors.New("-embedded excludes -redis and -cluster")
 	case c.Procs < 1 || c.Procs > 64:
 		return nil, fmt.Errorf("-p %d: want 1..64", c.Procs)

@@ -131,10 +131,11 @@ func (c *counter) errorKinds() map[string]int64 {
 // Where the Redis under test comes from: the kind field of redisEnv and
 // results.
 const (
-	redisStarted  = "started"  // a redis-server from $PATH, started and stopped by this run
-	redisEmbedded = "embedded" // miniredis, served by the parent process
-	redisGiven    = "redis"    // the server named by -redis
-	redisCluster  = "cluster"  // the cluster named by -cluster
+	redisStarted  = "started"         // a redis-server from $PATH, started and stopped by this run
+	redisEmbedded = "embedded"        // miniredis, served by the parent process
+	redisGiven    = "redis"           // the server named by -redis
+	redisCluster  = "cluster"         // the cluster named by -cluster
+	redisOwnClust = "started-cluster" // -cluster start: three masters started and stopped by this run
 )
 
 // miniredisDesc is how the reports name the embedded Redis.
@@ -148,8 +149,10 @@ type redisEnv struct {
 	admin   redis.UniversalClient
 	mini    *miniredis.Miniredis
 	srv     *ownServer // the redis-server this run started, or nil
-	stop    chan struct{}
-	done    chan struct{}
+	// clusterStop stops the cluster this run started (-cluster start).
+	clusterStop func()
+	stop        chan struct{}
+	done        chan struct{}
 }
 
 // redisSource decides where the Redis comes from: the server or cluster
@@ -157,6 +160,8 @@ type redisEnv struct {
 // is on $PATH; else a redis-server of our own.
 func redisSource(cfg *config) string {
 	switch {
+	case cfg.StartCluster:
+		return redisOwnClust
 	case len(cfg.ClusterAddrs) > 0:
 		return redisCluster
 	case cfg.RedisAddr != "":
@@ -185,6 +190,13 @@ func startRedis(ctx context.Context, cfg *config, stderr io.Writer) (*redisEnv, 
 		e.spec = redisSpec{Kind: "cluster", Addrs: cfg.ClusterAddrs}
 	case redisGiven:
 		e.spec = redisSpec{Kind: "redis", Addrs: []string{cfg.RedisAddr}}
+	case redisOwnClust:
+		addrs, stop, err := startCluster()
+		if err != nil {
+			return nil, err
+		}
+		e.clusterStop = stop
+		e.spec = redisSpec{Kind: "cluster", Addrs: addrs}
 	case redisStarted:
 		s, err := startServer()
 		if err != nil {
@@ -265,6 +277,9 @@ func (e *redisEnv) close() {
 	if e.srv != nil {
 		e.srv.stop()
 	}
+	if e.clusterStop != nil {
+		e.clusterStop()
+	}
 }
 
 // describe names the Redis for the reports.
@@ -280,6 +295,8 @@ func (e *redisEnv) describe() string {
 		return fmt.Sprintf("redis-server%s (started for this run on %s)", v, e.spec.Addrs[0])
 	case redisCluster:
 		return fmt.Sprintf("redis cluster%s at %s", v, strings.Join(e.spec.Addrs, ","))
+	case redisOwnClust:
+		return fmt.Sprintf("redis cluster%s of %d masters (started for this run on %s)", v, len(e.spec.Addrs), strings.Join(e.spec.Addrs, ","))
 	}
 	return fmt.Sprintf("redis-server%s at %s", v, e.spec.Addrs[0])
 }

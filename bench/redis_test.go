@@ -9,17 +9,20 @@ import (
 	"errors"
 	"html"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/redis/go-redis/v9"
 )
 
 // pidExists reports whether a process (zombies included) has this pid.
@@ -88,6 +91,36 @@ func mustParse(t *testing.T, args ...string) *config {
 // redis-server it starts, and only that one.
 func TestStartRedis(t *testing.T) {
 	ctx := context.Background()
+
+	t.Run("-cluster start", func(t *testing.T) {
+		redistest.Require(t)
+		cfg := mustParse(t, "-cluster", "start")
+		e, err := startRedis(ctx, cfg, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.close()
+		cc, ok := e.admin.(*redis.ClusterClient)
+		if !ok || len(e.spec.Addrs) != 3 || !isLoopback(e.spec.Addrs) {
+			t.Fatalf("admin %T at %v: want a cluster client of three loopback masters", e.admin, e.spec.Addrs)
+		}
+		if !strings.Contains(e.describe(), "3 masters (started for this run") {
+			t.Errorf("description %q does not say the run started the cluster", e.describe())
+		}
+		var masters atomic.Int32
+		if err := cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			masters.Add(1)
+			return m.Ping(ctx).Err()
+		}); err != nil || masters.Load() != 3 {
+			t.Fatalf("%d masters answered PING (%v), want 3", masters.Load(), err)
+		}
+		addr := e.spec.Addrs[0]
+		e.close()
+		if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			conn.Close()
+			t.Errorf("a node still listens on %s after close", addr)
+		}
+	})
 
 	t.Run("redis-server on PATH", func(t *testing.T) {
 		redistest.Require(t)

@@ -16,6 +16,10 @@ type ownServer struct {
 	stop func()
 }
 
+func startCluster() ([]string, func(), error) {
+	return nil, nil, errors.New("bench: starting a Redis Cluster needs a Unix system")
+}
+
 func startServer() (*ownServer, error) {
 	return nil, errors.New("bench: starting a redis-server needs a Unix system")
 }

@@ -24,6 +24,17 @@ type ownServer struct {
 // process by its handle (SIGTERM, SIGKILL after 5 s), waits for it and
 // removes the directory. On Linux the process also has a parent-death
 // SIGKILL.
+// startCluster starts a Redis Cluster of three masters from $PATH
+// (redistest.StartClusterMain: free loopback ports, nothing on disk) and
+// returns its addresses and the function that stops it.
+func startCluster() ([]string, func(), error) {
+	c, stop, err := redistest.StartClusterMain(3)
+	if err != nil {
+		return nil, nil, err
+	}
+	return c.Addrs(), stop, nil
+}
+
 func startServer() (*ownServer, error) {
 	s, stop, err := redistest.StartMain()
 	if err != nil {

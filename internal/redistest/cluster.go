@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -75,9 +76,82 @@ func startCluster(t testing.TB, masters, replicas int, options []string) *Cluste
 	if masters < 3 {
 		t.Fatalf("redistest: StartCluster needs at least 3 masters, got %d", masters)
 	}
-	c := &Cluster{masters: masters, replicas: replicas}
+	c, stop, err := buildCluster(bins, masters, replicas, options, func() (string, error) { return t.TempDir(), nil })
+	if stop != nil {
+		t.Cleanup(func() {
+			if err := stop(); err != nil {
+				t.Errorf("redistest: %v", err)
+			}
+		})
+	}
+	if err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	return c
+}
+
+// StartClusterMain is [StartCluster] for use in TestMain, or in a command
+// (the bench's -cluster start), where there is no testing.TB. It returns
+// the cluster and a function that stops every node and removes their
+// temporary directories; calling that function more than once is
+// harmless. It returns an error when redis-server or redis-cli is
+// missing, when masters is less than 3, or when the cluster is not ready
+// within 20 seconds (its nodes are stopped then).
+func StartClusterMain(masters int) (*Cluster, func(), error) {
+	var bins []string
+	for _, name := range []string{"redis-server", "redis-cli"} {
+		bin, found, err := lookup(name)
+		if err != nil {
+			return nil, nil, err
+		}
+		if !found {
+			return nil, nil, fmt.Errorf("redistest: %s not found in $PATH", name)
+		}
+		bins = append(bins, bin)
+	}
+	if masters < 3 {
+		return nil, nil, fmt.Errorf("redistest: a cluster needs at least 3 masters, got %d", masters)
+	}
+	var dirs []string
+	mkdir := func() (string, error) {
+		dir, err := os.MkdirTemp("", "redistest-cluster-")
+		if err == nil {
+			dirs = append(dirs, dir)
+		}
+		return dir, err
+	}
+	c, stopNodes, err := buildCluster(bins, masters, 0, nil, mkdir)
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			if stopNodes != nil {
+				if err := stopNodes(); err != nil {
+					fmt.Fprintf(os.Stderr, "redistest: %v\n", err)
+				}
+			}
+			for _, d := range dirs {
+				os.RemoveAll(d)
+			}
+		})
+	}
+	if err != nil {
+		stop()
+		return nil, nil, fmt.Errorf("redistest: %w", err)
+	}
+	return c, stop, nil
+}
+
+// buildCluster starts masters × (1 + replicas) nodes, each in a directory
+// from mkdir, creates the cluster and waits until it is ready. stop, when
+// not nil, stops every node started, also after an error.
+func buildCluster(bins []string, masters, replicas int, options []string, mkdir func() (string, error)) (c *Cluster, stop func() error, err error) {
+	c = &Cluster{masters: masters, replicas: replicas}
+	stop = c.stop
 	for range masters * (1 + replicas) {
-		dir := t.TempDir()
+		dir, err := mkdir()
+		if err != nil {
+			return nil, stop, err
+		}
 		opts := clusterOptions(dir)
 		if replicas > 0 {
 			// CLUSTER SLOTS lists a replica only once its replication offset
@@ -87,30 +161,18 @@ func startCluster(t testing.TB, masters, replicas int, options []string) *Cluste
 		opts = append(opts, options...)
 		s := newServer(bins[0], dir, opts)
 		if err := s.start(freeClusterPort); err != nil {
-			t.Fatalf("redistest: cluster node: %v", err)
+			return nil, stop, fmt.Errorf("cluster node: %w", err)
 		}
-		t.Cleanup(func() {
-			if err := s.stop(); err != nil {
-				t.Errorf("redistest: %v", err)
-			}
-		})
 		c.servers = append(c.servers, s)
 	}
-	// Stop all nodes at once; the per-node cleanups above then have nothing
-	// left to do.
-	t.Cleanup(func() {
-		if err := c.stop(); err != nil {
-			t.Errorf("redistest: %v", err)
-		}
-	})
 	deadline := time.Now().Add(clusterReadyTimeout)
 	if err := c.create(bins[1], replicas, deadline); err != nil {
-		t.Fatalf("redistest: %v", err)
+		return nil, stop, err
 	}
 	if err := c.waitReady(deadline); err != nil {
-		t.Fatalf("redistest: %v", err)
+		return nil, stop, err
 	}
-	return c
+	return c, stop, nil
 }
 
 // clusterOptions returns the redis-server options for a cluster node whose

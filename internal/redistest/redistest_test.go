@@ -277,6 +277,38 @@ func TestStartMain(t *testing.T) {
 	stop() // harmless
 }
 
+func TestStartClusterMain(t *testing.T) {
+	t.Parallel()
+	c, stop, err := StartClusterMain(3)
+	if err != nil {
+		t.Fatalf("StartClusterMain: %v", err)
+	}
+	defer stop()
+	ctx := context.Background()
+	cc := c.Client(t)
+	if err := cc.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatalf("SET: %v", err)
+	}
+	var dirs []string
+	var pids []int
+	for _, s := range c.Servers() {
+		dirs, pids = append(dirs, s.Dir()), append(pids, s.Pid())
+	}
+	stop()
+	for i, pid := range pids {
+		if alive(pid) {
+			t.Errorf("node process %d still exists after stop", pid)
+		}
+		if _, err := os.Stat(dirs[i]); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("directory %s still exists after stop: %v", dirs[i], err)
+		}
+	}
+	stop() // harmless
+	if _, _, err := StartClusterMain(2); err == nil {
+		t.Error("StartClusterMain(2): no error, want one (a cluster needs 3 masters)")
+	}
+}
+
 // TestStartRetriesTakenPort checks that Start moves on to another port when
 // the one it picked is taken before redis-server binds it, both by a plain
 // listener and by another redis-server.
