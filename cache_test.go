@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/herdkit/herd/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -742,4 +743,71 @@ func testFollowerFallback(t *testing.T, b backend) {
 	if n := b.rdb.Exists(ctx, mustKeys(t, key).value).Val(); n != 0 {
 		t.Errorf("the local fallback load was stored; it holds no lease and must not write")
 	}
+}
+
+// TestConcurrentMissesOfOneKeySendOneGETPerProcess: callers of a missing
+// key that arrive while the process's flight for it is under way join
+// that flight without reading the key: the wave sends one GET, the
+// flight's, however many callers it has, and every caller gets the one
+// load's value.
+func TestConcurrentMissesOfOneKeySendOneGETPerProcess(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	c := newTestCache(t, rdb, nil)
+	log := &cmdLog{}
+	rdb.AddHook(log)
+	bg := context.Background()
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	var loads atomic.Int32
+	load := func(context.Context) ([]byte, error) {
+		if loads.Add(1) == 1 {
+			close(entered)
+		}
+		<-release
+		return []byte("built"), nil
+	}
+	const callers = 50
+	vals := make([][]byte, callers)
+	errs := make([]error, callers)
+	var wg sync.WaitGroup
+	wg.Go(func() { vals[0], errs[0] = c.Get(bg, "cold", time.Hour, load) })
+	<-entered // the flight read the key, took the lease and loads
+	for i := 1; i < callers; i++ {
+		wg.Go(func() { vals[i], errs[i] = c.Get(bg, "cold", time.Hour, load) })
+	}
+	waitFor(t, 10*time.Second, "the other callers to join the flight", func() bool {
+		return flightJoiners(c, "cold") == callers-1
+	})
+	close(release)
+	wg.Wait()
+	gets := 0
+	for _, name := range log.take() {
+		if name == "get" {
+			gets++
+		}
+	}
+	if gets != 1 {
+		t.Errorf("%d concurrent Gets of a missing key sent %d GETs, want 1 (the flight's)", callers, gets)
+	}
+	if n := loads.Load(); n != 1 {
+		t.Errorf("the loader ran %d times, want 1", n)
+	}
+	for i := range callers {
+		if errs[i] != nil || string(vals[i]) != "built" {
+			t.Errorf("caller %d: %q, %v; want the load's value", i, vals[i], errs[i])
+		}
+	}
+}
+
+// flightJoiners is the number of callers that joined key's running flight
+// in c after the one that started it.
+func flightJoiners(c *Cache, key string) int {
+	c.group.mu.Lock()
+	defer c.group.mu.Unlock()
+	if call := c.group.m[key]; call != nil {
+		return call.dups
+	}
+	return 0
 }
