@@ -46,9 +46,9 @@ func BenchmarkHitOverhead(b *testing.B) {
 	b.Run("middleware-hit", func(b *testing.B) {
 		mw := New(c, &Options{TTL: time.Hour})(h)
 		rec := httptest.NewRecorder()
-		mw.ServeHTTP(rec, req) // stores the entry
-		if cs := rec.Result().Header.Get("Cache-Status"); !sameStatus(cs, statusStored) {
-			b.Fatalf("first request: Cache-Status %q, want %q", cs, statusStored)
+		mw.ServeHTTP(rec, req) // stores the entry (a run before this one, with -count, did)
+		if cs := rec.Result().Header.Get("Cache-Status"); !sameStatus(cs, statusStored) && !strings.HasPrefix(cs, statusHit) {
+			b.Fatalf("first request: Cache-Status %q, want %q or a hit", cs, statusStored)
 		}
 		rec = httptest.NewRecorder()
 		mw.ServeHTTP(rec, req)

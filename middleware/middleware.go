@@ -419,7 +419,7 @@ func New(c *herd.Cache, opt *Options) func(http.Handler) http.Handler {
 		if next == nil {
 			panic("herd/middleware: nil handler")
 		}
-		return &handler{c: c, cfg: cfg, next: next}
+		return &handler{c: c, cfg: cfg, next: next, memo: newEntryMemo()}
 	}
 }
 
@@ -429,6 +429,7 @@ type handler struct {
 	next http.Handler
 
 	replacing replacements // see replaceCorrupt
+	memo      *entryMemo   // the last header block decoded per key (entrymemo.go)
 }
 
 // errServerError is the cause of a leader's failure after which one
@@ -481,7 +482,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			}
 			fallthrough
 		case hit != nil:
-			e, err := h.hitEntry(r, hit)
+			e, err := h.hitEntry(r, key, hit)
 			if err == nil {
 				h.serveHit(w, r, hit, e)
 				return
@@ -656,8 +657,8 @@ func isUpgrade(r *http.Request) bool {
 // hitEntry decodes a stored value into the representation r's client
 // gets (see variant). An error means the value is not a response this
 // middleware can serve (see replaceCorrupt).
-func (h *handler) hitEntry(r *http.Request, hit *herd.Hit) (*entry, error) {
-	e, err := decodeEntry(hit.Value)
+func (h *handler) hitEntry(r *http.Request, key string, hit *herd.Hit) (*entry, error) {
+	e, err := h.memo.decode(key, hit.Value)
 	if err != nil {
 		return nil, err
 	}
@@ -708,6 +709,14 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 			prefixed = true
 		}
 	}
+	var backing []string // the copies of a shared entry's values, in one allocation
+	if !e.owned {
+		n := 0
+		for _, vs := range e.header {
+			n += len(vs)
+		}
+		backing = make([]string, 0, n)
+	}
 	for name, vs := range e.header {
 		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) || strip && isTagField(name) {
 			continue // never replayed, even from an entry stored before this rule
@@ -725,7 +734,9 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 			continue
 		}
 		if !e.owned {
-			vs = slices.Clone(vs)
+			i := len(backing)
+			backing = append(backing, vs...)
+			vs = backing[i:len(backing):len(backing)] // an append by an outer handler copies
 		}
 		dst[name] = vs
 	}
