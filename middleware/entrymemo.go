@@ -18,11 +18,15 @@ import (
 // value would not have had.
 //
 // The memo is memoSlots slots, a key's slot chosen by its hash; a key
-// whose slot another key took decodes as before and takes the slot. So it
-// holds at most memoSlots header blocks (never a body) and needs no
-// eviction. The parsed header is shared by every hit that takes it:
+// whose slot another key took decodes as before and takes the slot. A
+// block over memoMaxHead bytes is not kept. So the memo holds at most
+// memoSlots × memoMaxHead bytes of header blocks (never a body) and needs
+// no eviction. The parsed header is shared by every hit that takes it:
 // nothing writes to it (write copies what it hands to a response).
-const memoSlots = 256
+const (
+	memoSlots   = 256
+	memoMaxHead = 16 << 10
+)
 
 type entryMemo struct {
 	seed  maphash.Seed
@@ -52,7 +56,11 @@ func (m *entryMemo) decode(key string, p []byte) (*entry, error) {
 	if err != nil {
 		return nil, err
 	}
-	head := bytes.Clone(p[:len(p)-len(e.body)])
+	n := len(p) - len(e.body)
+	if n > memoMaxHead {
+		return e, nil // owned: decoded for this request alone
+	}
+	head := bytes.Clone(p[:n])
 	slot.Store(&memoized{key: key, head: head, status: e.status, header: e.header})
 	e.owned = false // the memo holds its header now
 	return e, nil

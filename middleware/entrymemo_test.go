@@ -50,6 +50,13 @@ func TestEntryMemoServesOnlyTheBlockItDecoded(t *testing.T) {
 	if e, err := m.decode(other, a); err != nil || reflect.ValueOf(e.header).UnsafePointer() == reflect.ValueOf(e1.header).UnsafePointer() {
 		t.Fatalf("key %q in the slot of k took k's memo (%v)", other, err)
 	}
+	// A block over the bound is decoded for its request alone.
+	big := storedEntry(t, 200, http.Header{"X-Big": {strings.Repeat("b", memoMaxHead)}}, "big")
+	for range 2 {
+		if e, err := m.decode("big", big); err != nil || !e.owned || string(e.body) != "big" {
+			t.Fatalf("a header block over %d bytes: %+v, %v; want it decoded, not memoized", memoMaxHead, e, err)
+		}
+	}
 	// Bytes that are not an entry are an error, memoized or not.
 	if _, err := m.decode("k", []byte("not an entry")); err == nil {
 		t.Fatal("garbage decoded without an error")
