@@ -811,3 +811,46 @@ func flightJoiners(c *Cache, key string) int {
 	}
 	return 0
 }
+
+// TestJoinWithoutReadingStillReadsYourWrites: a Get that joins its
+// process's flight without reading, after another process's Set of the
+// key returned, still gets that Set's value (or a later one), never the
+// value the flight was loading from before the Set.
+func TestJoinWithoutReadingStillReadsYourWrites(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	c := newTestCache(t, srv.Client(t), nil)
+	w := newTestCache(t, srv.Client(t), nil) // another process: the writer
+	bg := context.Background()
+	entered, release := make(chan struct{}), make(chan struct{})
+	old := func(context.Context) ([]byte, error) {
+		close(entered)
+		<-release
+		return []byte("from before the Set"), nil
+	}
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := c.Get(bg, "k", time.Hour, old)
+		aDone <- err
+	}()
+	<-entered
+	if err := w.Set(bg, "k", []byte("set"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var got []byte
+	var gerr error
+	cDone := make(chan struct{})
+	go func() {
+		defer close(cDone)
+		got, gerr = c.Get(bg, "k", time.Hour, func(context.Context) ([]byte, error) { return []byte("reloaded"), nil })
+	}()
+	waitFor(t, 10*time.Second, "the Get to join the flight under way", func() bool { return flightJoiners(c, "k") == 1 })
+	close(release)
+	<-cDone
+	if err := <-aDone; err != nil {
+		t.Fatalf("the flight's own caller: %v", err)
+	}
+	if gerr != nil || (string(got) != "set" && string(got) != "reloaded") {
+		t.Fatalf("a Get after the Set returned got (%q, %v), want the Set's value or a later one", got, gerr)
+	}
+}

@@ -31,13 +31,16 @@ type flightCall struct {
 // reading the key first (see Cache.lookup).
 const joinUnread = time.Second
 
-// joinable reports whether a call of key started less than joinUnread
-// ago and is still running.
-func (g *flightGroup) joinable(key string) bool {
+// joinable reports whether a call of key started less than within ago
+// and is still running.
+func (g *flightGroup) joinable(key string, within time.Duration) bool {
+	if within <= 0 {
+		return false
+	}
 	g.mu.Lock()
 	call := g.m[key]
 	g.mu.Unlock()
-	return call != nil && time.Since(call.start) < joinUnread
+	return call != nil && time.Since(call.start) < within
 }
 
 // DoChan starts a call of fn for key in a new goroutine, unless one is

@@ -151,7 +151,7 @@ func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, done 
 			return val, done, pre, err
 		}
 	}
-	if c.group.joinable(key) {
+	if c.group.joinable(key, c.joinUnread) {
 		return nil, false, nil, nil
 	}
 	return c.hit(ctx, key, vkey)
