@@ -306,9 +306,9 @@ func TestHitNextFlightFromAnOlderPreRead(t *testing.T) {
 					v, err := c.Get(bg, key, time.Hour, func(context.Context) ([]byte, error) { return []byte("current"), nil })
 					cDone <- result{val: v, err: err}
 				}()
-				time.Sleep(50 * time.Millisecond) // C joins A's rebuild (a window, not an assertion)
+				waitFlightJoiners(t, c, key, 1) // C joins A's rebuild (the Bs' replies are held)
 				openGate.Do(func() { close(gate.open) })
-				time.Sleep(50 * time.Millisecond) // the Bs join it too, after C
+				waitFlightJoiners(t, c, key, 1+lateBs) // the Bs join it too, after C
 				armed.Store(true)
 				close(a.gate)
 				if r := <-aDone; r.err != nil {
