@@ -155,6 +155,7 @@ func TestReadYourWritesAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	const hold = 600 * time.Millisecond
+	gets := serverCalls(t, r.direct, "get")
 	r.proxy.SetLatency(faultproxy.Downstream, hold)
 	first := make(chan result, 1)
 	go func() {
@@ -162,10 +163,9 @@ func TestReadYourWritesAcrossProcesses(t *testing.T) {
 		first <- result{val: v, err: err}
 	}()
 	// The GET runs on the server at once; its reply is held by the proxy.
-	waitFor(t, 5*time.Second, "the GET to reach the server", func() bool {
-		return r.proxy.Stats().Accepted > 0
+	waitFor(t, 5*time.Second, "the GET to run on the server", func() bool {
+		return serverCalls(t, r.direct, "get") > gets
 	})
-	time.Sleep(hold / 4) // not a timing assertion: the GET has run by now
 	if err := writer.Set(ctx, key, []byte("v2"), time.Minute); err != nil {
 		t.Fatal(err)
 	}

@@ -112,7 +112,7 @@ func notifierSettled(n *notifier) bool {
 
 // serverCalls returns how many times the server rdb talks to has run the
 // command cmd (lower case), from INFO commandstats.
-func serverCalls(t testing.TB, rdb *redis.Client, cmd string) int64 {
+func serverCalls(t testing.TB, rdb redis.UniversalClient, cmd string) int64 {
 	t.Helper()
 	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
