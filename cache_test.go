@@ -391,7 +391,7 @@ func testSharedResultAliasing(t *testing.T, b backend) {
 		})
 	}
 	g.waitEntered(t)
-	time.Sleep(20 * time.Millisecond) // let callers join the flight; correctness does not depend on it
+	waitFlightJoiners(t, c, key, n-1) // every other caller shares the flight whose result they alias
 	close(g.gate)
 	wg.Wait()
 	close(bad)

@@ -735,7 +735,10 @@ func TestOneAcquireCancelledDoesNotDeafenAnother(t *testing.T) {
 	srv := redistest.Start(t)
 	ctx := context.Background()
 	holder := NewLocker(srv.Client(t), &LockerOptions{Prefix: "deaf"})
-	waiter := NewLocker(srv.Client(t), &LockerOptions{Prefix: "deaf", MaxWait: 2 * time.Minute, PollMin: time.Minute, PollMax: time.Minute})
+	wrdb := srv.Client(t)
+	tries := &acquireCounter{}
+	wrdb.AddHook(tries)
+	waiter := NewLocker(wrdb, &LockerOptions{Prefix: "deaf", MaxWait: 2 * time.Minute, PollMin: time.Minute, PollMax: time.Minute})
 	t.Cleanup(func() { holder.Close(); waiter.Close() })
 	l, err := holder.TryAcquire(ctx, "k", time.Minute)
 	if err != nil {
@@ -756,13 +759,18 @@ func TestOneAcquireCancelledDoesNotDeafenAnother(t *testing.T) {
 		n, err := srv.Client(t).PubSubNumSub(ctx, ch).Result()
 		return err == nil && n[ch] >= 1
 	})
-	// Let both waiters reach their wait (their first look after subscribing).
-	time.Sleep(300 * time.Millisecond)
+	// Both waiters reach their wait: each tried once before subscribing
+	// and once more, its first look after subscribing (at once, or woken
+	// by the confirmation); then only a wake-up or a poll a minute later
+	// tries again.
+	waitFor(t, 10*time.Second, "both waiters' first look after subscribing", func() bool { return tries.n.Load() >= 4 })
 	cancelA()
 	if err := <-a; !errors.Is(err, context.Canceled) {
 		t.Errorf("cancelled Acquire: %v, want context.Canceled", err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The cancelled waiter's release has been carried out: an UNSUBSCRIBE
+	// it caused would have been sent.
+	waitFor(t, 10*time.Second, "the pub/sub worker to settle after the cancel", func() bool { return notifierSettled(waiter.notify) })
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -794,7 +802,10 @@ func TestClusterLockerWakeUpsAfterPubSubKill(t *testing.T) {
 	direct := cl.Client(t)
 	const prefix = "clk"
 	holder := NewLocker(cl.Client(t), &LockerOptions{Prefix: prefix})
-	waiter := NewLocker(cl.Client(t), &LockerOptions{Prefix: prefix, MaxWait: 2 * time.Minute, PollMin: time.Minute, PollMax: time.Minute})
+	wrdb := cl.Client(t)
+	tries := &acquireCounter{}
+	wrdb.AddHook(tries)
+	waiter := NewLocker(wrdb, &LockerOptions{Prefix: prefix, MaxWait: 2 * time.Minute, PollMin: time.Minute, PollMax: time.Minute})
 	t.Cleanup(func() { holder.Close(); waiter.Close() })
 	k1, k2, master := clusterPair(t, direct, prefix)
 	var leases []*Lease
@@ -815,13 +826,38 @@ func TestClusterLockerWakeUpsAfterPubSubKill(t *testing.T) {
 	}
 	ch1, ch2 := channelOf(t, prefix, k1), channelOf(t, prefix, k2)
 	waitShardSubscribed(t, master, 10*time.Second, "before the kill", ch1, ch2)
-	time.Sleep(300 * time.Millisecond) // both waiters in their wait
+	// Both waiters in their wait: each tried before subscribing and once
+	// after (at once, or woken by the confirmation); then only a wake-up
+	// or a poll a minute later tries again.
+	var before map[string]int64
+	waitFor(t, 10*time.Second, "both waiters' first look after subscribing", func() bool {
+		before = tries.perKey() // by lease key: the waiters' two keys
+		if len(before) != 2 {
+			return false
+		}
+		for _, n := range before {
+			if n < 2 {
+				return false
+			}
+		}
+		return true
+	})
 	if err := master.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The confirmations' looks: after the kill only the confirmation of a
+	// waiter's channel, subscribed again, wakes it to try once more. Once
+	// both have, a release can reach them only as a message.
+	waitFor(t, 20*time.Second, "both waiters' look after their channel's new confirmation", func() bool {
+		now := tries.perKey()
+		for k, n := range before {
+			if now[k] <= n {
+				return false
+			}
+		}
+		return true
+	})
 	waitShardSubscribed(t, master, 20*time.Second, "after the kill", ch1, ch2)
-	time.Sleep(300 * time.Millisecond) // the confirmations' looks
 	for _, l := range leases {
 		if err := l.Release(ctx); err != nil {
 			t.Fatal(err)

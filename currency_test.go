@@ -119,7 +119,7 @@ func TestReadYourWritesLoadLocallyFallback(t *testing.T) {
 		v, err := a.Get(ctx, key, time.Minute, constLoader(&calls, "v2"))
 		yDone <- result{val: v, err: err}
 	}()
-	time.Sleep(50 * time.Millisecond) // not a timing assertion: lets Y join X's flight
+	waitFlightJoiners(t, a, key, 1) // Y joined X's flight, which predates the write
 	close(x.gate)
 	if r := <-xDone; r.err != nil || string(r.val) != "v1" {
 		t.Errorf("X (joined before the write) got (%q, %v), want v1", r.val, r.err)
@@ -162,7 +162,11 @@ func TestReadYourWritesUnstoredNotFound(t *testing.T) {
 		v, err := a.Get(ctx, key, time.Minute, constLoader(&calls, "v2"))
 		yDone <- result{val: v, err: err}
 	}()
-	time.Sleep(50 * time.Millisecond) // not a timing assertion: lets Y join X's flight
+	// Y joins X's flight, which predates the write, or is answered by
+	// the Set's value in Redis without a flight.
+	waitFor(t, 10*time.Second, "Y to join X's flight or return", func() bool {
+		return FlightJoiners(a, key) >= 1 || len(yDone) > 0
+	})
 	close(x.gate)
 	if r := <-xDone; !errors.Is(r.err, ErrNotFound) {
 		t.Errorf("X (joined before the write) got (%q, %v), want ErrNotFound", r.val, r.err)
@@ -644,7 +648,7 @@ func TestReadYourWritesUnleasedFill(t *testing.T) {
 		h, f, err := a.Begin(ctx, key, time.Minute, nil)
 		yDone <- answer{h, f, err}
 	}()
-	time.Sleep(50 * time.Millisecond) // not a timing assertion: lets Y wait on X's Fill
+	waitLocalWaiters(t, a, key, 1) // Y waits on X's Fill, built before the write
 	if err := x.Commit([]byte(built), time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}

@@ -220,7 +220,7 @@ func TestFillRedisDown(t *testing.T) {
 		}
 		got <- string(h.Value)
 	}()
-	time.Sleep(20 * time.Millisecond) // let the second caller wait; the result does not depend on it
+	waitLocalWaiters(t, c, "k", 1) // the second caller waits on the unleased Fill
 	fill.Commit([]byte("local"), time.Minute, 0)
 	if v := <-got; v != "local" {
 		t.Errorf("second caller got %q, want the first caller's value", v)

@@ -309,9 +309,9 @@ func TestHitNextFlightFromAnOlderPreRead(t *testing.T) {
 					v, err := c.Get(bg, key, time.Hour, func(context.Context) ([]byte, error) { return []byte("current"), nil })
 					cDone <- result{val: v, err: err}
 				}()
-				time.Sleep(50 * time.Millisecond) // C joins A's rebuild (a window, not an assertion)
+				waitFlightJoiners(t, c, key, 1) // C joins A's rebuild (the Bs' replies are held)
 				openGate.Do(func() { close(gate.open) })
-				time.Sleep(50 * time.Millisecond) // the Bs join it too, after C
+				waitFlightJoiners(t, c, key, 1+lateBs) // the Bs join it too, after C
 				armed.Store(true)
 				close(a.gate)
 				if r := <-aDone; r.err != nil {
@@ -353,8 +353,12 @@ func TestHitReadYourWritesHolds(t *testing.T) {
 	srv := redistest.Start(t)
 	for name, mk := range hitContexts() {
 		t.Run(name, func(t *testing.T) {
-			c := newTestCache(t, srv.Client(t), &Options{NegativeTTL: time.Hour, EarlyRefresh: 1e6, StaleFor: time.Hour})
-			w := newTestCache(t, srv.Client(t), &Options{StaleFor: time.Hour})
+			// One freshness clock for the reader and the writer: "stale" is
+			// a step of it, not a wait (the values' hard TTL, an hour past
+			// their fresh period, is Redis's real time).
+			clk := newFakeClock()
+			c := withClock(newTestCache(t, srv.Client(t), &Options{NegativeTTL: time.Hour, EarlyRefresh: 1e6, StaleFor: time.Hour}), clk)
+			w := withClock(newTestCache(t, srv.Client(t), &Options{StaleFor: time.Hour}), clk)
 			rdb := srv.Client(t)
 			bg := context.Background()
 			var calls atomic.Int64
@@ -387,7 +391,7 @@ func TestHitReadYourWritesHolds(t *testing.T) {
 					if err := w.Set(bg, key, []byte("old"), time.Millisecond); err != nil {
 						t.Fatal(err)
 					}
-					time.Sleep(5 * time.Millisecond)
+					clk.Advance(5 * time.Millisecond)
 				case "negative":
 					if _, err := get(key, ""); !errors.Is(err, ErrNotFound) {
 						t.Fatalf("negative load: %v", err)

@@ -288,10 +288,12 @@ func TestInlineHitsDeadlineIsNoRedisFailure(t *testing.T) {
 	srv.Pause(t)
 	const callers = 8
 	errs := make(chan error, callers)
+	ctxs := make(chan context.Context, callers)
 	for range callers {
 		go func() {
 			ctx, cancel := context.WithTimeout(bg, 20*time.Millisecond)
 			defer cancel()
+			ctxs <- ctx
 			v, err := c.Get(ctx, "k", time.Hour, noLoad(t))
 			if err == nil && string(v) != "v" {
 				err = errors.New("wrong value " + string(v))
@@ -302,7 +304,9 @@ func TestInlineHitsDeadlineIsNoRedisFailure(t *testing.T) {
 	for range 2 {
 		<-sent // the GETs are on their way to the stopped server: the first caller's, and the one the others share
 	}
-	time.Sleep(50 * time.Millisecond) // every caller's deadline has passed
+	for range callers {
+		<-(<-ctxs).Done() // every caller's deadline has passed (none returns before it)
+	}
 	srv.Resume(t)
 	for range callers {
 		if err := <-errs; err != nil && !errors.Is(err, context.DeadlineExceeded) {

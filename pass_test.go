@@ -259,7 +259,7 @@ func TestLookupLeaderPerLoad(t *testing.T) {
 			})
 		}
 		<-gl.entered
-		time.Sleep(50 * time.Millisecond) // let the others join the flight; the sums below do not depend on it
+		waitFlightJoiners(t, c, "get", n-1) // the others share the flight: followers, not leaders
 		close(gl.gate)
 		wg.Wait()
 		leader, follower, hit := co.lookup(OutcomeLeader), co.lookup(OutcomeFollower), co.lookup(OutcomeHit)

@@ -65,9 +65,12 @@ func testReadYourWritesGet(t *testing.T, b backend, write string) {
 		v, err := c.Get(ctx, key, time.Minute, constLoader(&calls, "v2"))
 		afterDone <- result{val: v, err: err}
 	}()
-	// Let it join the old flight before the old load returns (on the old
-	// code it then got v1; if it has not joined yet, it gets v2 anyway).
-	time.Sleep(50 * time.Millisecond)
+	// It joins the old flight before the old load returns (on the old
+	// code it then got v1), or, after Set, is answered by Set's value in
+	// Redis without a flight.
+	waitFor(t, 10*time.Second, "the Get to join the old flight or return", func() bool {
+		return FlightJoiners(c, key) >= 1 || len(afterDone) > 0
+	})
 	close(old.gate)
 
 	if r := <-oldDone; r.err != nil || string(r.val) != "v1" {
@@ -110,7 +113,7 @@ func testReadYourWritesBegin(t *testing.T, b backend) {
 		h, f, err := c.Begin(ctx, key, time.Minute, nil)
 		after <- answer{h, f, err}
 	}()
-	time.Sleep(50 * time.Millisecond) // not a timing assertion: lets it wait on the local Fill
+	waitLocalWaiters(t, c, key, 1) // it waits on the local Fill, built before the write
 	if err := fill.Commit([]byte("v1"), time.Minute, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +155,7 @@ func TestReadYourWritesAcrossProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	const hold = 600 * time.Millisecond
+	gets := serverCalls(t, r.direct, "get")
 	r.proxy.SetLatency(faultproxy.Downstream, hold)
 	first := make(chan result, 1)
 	go func() {
@@ -159,10 +163,9 @@ func TestReadYourWritesAcrossProcesses(t *testing.T) {
 		first <- result{val: v, err: err}
 	}()
 	// The GET runs on the server at once; its reply is held by the proxy.
-	waitFor(t, 5*time.Second, "the GET to reach the server", func() bool {
-		return r.proxy.Stats().Accepted > 0
+	waitFor(t, 5*time.Second, "the GET to run on the server", func() bool {
+		return serverCalls(t, r.direct, "get") > gets
 	})
-	time.Sleep(hold / 4) // not a timing assertion: the GET has run by now
 	if err := writer.Set(ctx, key, []byte("v2"), time.Minute); err != nil {
 		t.Fatal(err)
 	}

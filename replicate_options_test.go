@@ -117,6 +117,8 @@ func TestReplicaAcksAutoWaitsForAReplicaAdded(t *testing.T) {
 	mc, rc := m.Client(t), r.Client(t)
 	c := New(mc, nil)
 	defer c.Close()
+	clock := newFakeClock() // the clock of the replica counts
+	c.repl.now = clock.Now
 	if err := c.Set(ctx, "k", []byte("v1"), time.Minute); err != nil {
 		t.Fatalf("first Set (no replica): %v", err)
 	}
@@ -124,7 +126,7 @@ func TestReplicaAcksAutoWaitsForAReplicaAdded(t *testing.T) {
 	waitFor(t, 20*time.Second, "the replica's link", func() bool {
 		return replInfo(rc, "master_link_status") == "up" && replInfo(mc, "connected_slaves") == "1"
 	})
-	time.Sleep(1500 * time.Millisecond) // past "about once a second"
+	clock.Advance(roleEvery + roleEvery/2) // past "about once a second"
 	r.Pause(t)
 	defer r.Resume(t)
 	err := c.Set(ctx, "k", []byte("v2"), time.Minute)
@@ -152,6 +154,8 @@ func TestReplicaAcksAutoStartsAfreshOnANewMaster(t *testing.T) {
 	cl, target := switchable(t, p.master.Addr())
 	c := New(cl, &Options{ReplicaTimeout: failoverReplicaTimeout})
 	defer c.Close()
+	clock := newFakeClock() // the clock of the replica counts
+	c.repl.now = clock.Now
 	if err := c.Set(ctx, "k", []byte("v1"), time.Minute); err != nil {
 		t.Fatalf("Set on the master with two replicas: %v", err)
 	}
@@ -159,7 +163,7 @@ func TestReplicaAcksAutoStartsAfreshOnANewMaster(t *testing.T) {
 	p.promote(t)
 	addr := p.replica.Addr()
 	target.Store(&addr)
-	time.Sleep(1100 * time.Millisecond) // past "about once a second": the write is due a new count
+	clock.Advance(roleEvery + roleEvery/10) // past "about once a second": the write is due a new count
 	err := c.Set(ctx, "k", []byte("v2"), time.Minute)
 	if err != nil {
 		t.Errorf("first Set on the new master (1 replica, link up) = %v, want nil", err)
