@@ -778,7 +778,7 @@ func TestConcurrentMissesOfOneKeySendOneGETPerProcess(t *testing.T) {
 		wg.Go(func() { vals[i], errs[i] = c.Get(bg, "cold", time.Hour, load) })
 	}
 	waitFor(t, 10*time.Second, "the other callers to join the flight", func() bool {
-		return flightJoiners(c, "cold") == callers-1
+		return FlightJoiners(c, "cold") == callers-1
 	})
 	close(release)
 	wg.Wait()
@@ -799,17 +799,6 @@ func TestConcurrentMissesOfOneKeySendOneGETPerProcess(t *testing.T) {
 			t.Errorf("caller %d: %q, %v; want the load's value", i, vals[i], errs[i])
 		}
 	}
-}
-
-// flightJoiners is the number of callers that joined key's running flight
-// in c after the one that started it.
-func flightJoiners(c *Cache, key string) int {
-	c.group.mu.Lock()
-	defer c.group.mu.Unlock()
-	if call := c.group.m[key]; call != nil {
-		return call.dups
-	}
-	return 0
 }
 
 // TestJoinWithoutReadingStillReadsYourWrites: a Get that joins its
@@ -844,7 +833,7 @@ func TestJoinWithoutReadingStillReadsYourWrites(t *testing.T) {
 		defer close(cDone)
 		got, gerr = c.Get(bg, "k", time.Hour, func(context.Context) ([]byte, error) { return []byte("reloaded"), nil })
 	}()
-	waitFor(t, 10*time.Second, "the Get to join the flight under way", func() bool { return flightJoiners(c, "k") == 1 })
+	waitFor(t, 10*time.Second, "the Get to join the flight under way", func() bool { return FlightJoiners(c, "k") == 1 })
 	close(release)
 	<-cDone
 	if err := <-aDone; err != nil {
