@@ -112,22 +112,22 @@ var (
 	// ErrInvalidTag is returned, at once and without touching Redis, for
 	// a tag herd cannot record: an empty one, one longer than
 	// [MaxTagBytes], or more than [MaxTags] distinct tags for one value
-	// (by [Cache.SetTagged], [Cache.InvalidateTag], [SetTags] and
-	// [Fill.SetTags]). A value whose loader or builder was told it is not
-	// stored: its callers still get it.
+	// (by [Cache.Set] and [SetValue] with tags, [Cache.InvalidateTag],
+	// [SetTags] and [Fill.SetTags]). A value whose loader or builder was
+	// told it is not stored: its callers still get it.
 	ErrInvalidTag = errors.New("herd: invalid tag")
 
 	// ErrTagFull means a tag's index holds [Options.MaxTagEntries] keys
 	// already, so one more value with that tag cannot be recorded. It is
-	// returned by [Cache.SetTagged], which then writes nothing; a rebuild
-	// in the same case returns its value to its callers without storing
-	// it (counted in [Stats].CommitErrors). Entries leave an index when
-	// they expire.
+	// returned by [Cache.Set] with tags, which then writes nothing; a
+	// rebuild in the same case returns its value to its callers without
+	// storing it (counted in [Stats].CommitErrors). Entries leave an index
+	// when they expire.
 	ErrTagFull = errors.New("herd: tag index full")
 
 	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
 	// its Close: TryAcquire, Acquire (also one waiting when Close is
-	// called), Get, [Fetch], Begin, Peek, Set, SetTagged, Invalidate,
+	// called), Get, [Fetch], Begin, Peek, Set, Invalidate,
 	// InvalidateSoft and InvalidateTag. A [Lease] handed
 	// out before Close can still be extended and released. Every call on a
 	// [Redlock] or its leases after the Redlock's Close returns it too.
