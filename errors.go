@@ -133,7 +133,7 @@ var (
 	// [Redlock] or its leases after the Redlock's Close returns it too.
 	ErrClosed = errors.New("herd: closed")
 
-	// ErrInvalidJob is returned by [Job.Run] and [Once], at once and
+	// ErrInvalidJob is returned by [Job.Run] and [RunJob], at once and
 	// without touching the lock or the store, for a nil func, a nil Lock or
 	// Done, a period of zero or less, or an empty name (then joined with
 	// [ErrInvalidKey]). The error says which.
