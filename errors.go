@@ -3,6 +3,8 @@ package herd
 import (
 	"errors"
 	"fmt"
+
+	"github.com/herdkit/herd/internal/sentinel"
 )
 
 // Sentinel errors. Compare with [errors.Is]: herd wraps them with context
@@ -25,7 +27,7 @@ var (
 	// ErrLeaseHeld is returned by [Locker.TryAcquire] when another owner
 	// holds the lease, and (joined with [ErrWaitTimeout] or the context's
 	// error) by [Locker.Acquire] when its wait ends before the lease is free.
-	ErrLeaseHeld = errors.New("herd: lease held by another owner")
+	ErrLeaseHeld = sentinel.ErrLeaseHeld // "herd: lease held by another owner"
 
 	// ErrLeaseLost is returned by [Lease.Extend] and [Lease.Release] when the
 	// lease is no longer this owner's: it expired, was taken over, or was
@@ -131,7 +133,7 @@ var (
 	// InvalidateSoft and InvalidateTag. A [Lease] handed
 	// out before Close can still be extended and released. Every call on a
 	// [Redlock] or its leases after the Redlock's Close returns it too.
-	ErrClosed = errors.New("herd: closed")
+	ErrClosed = sentinel.ErrClosed // "herd: closed"
 
 	// ErrInvalidJob is returned by [Job.Run] and [RunJob], at once and
 	// without touching the lock or the store, for a nil func, a nil Lock or
