@@ -225,14 +225,11 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	keys, _ := makeKeys(c.cfg.Prefix, key)
 	for {
 		ch := c.group.DoChan(key, func() (any, error) {
-			c.mu.RLock()
-			if c.closed {
-				c.mu.RUnlock()
+			done, ok := c.track()
+			if !ok {
 				return &flightResult{}, ErrClosed
 			}
-			c.wg.Add(1)
-			c.mu.RUnlock()
-			defer c.wg.Done()
+			defer done()
 			f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
 			a := f.fly(stRead)
 			return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur}, a.err
