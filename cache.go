@@ -229,14 +229,11 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	keys, _ := makeKeys(c.cfg.Prefix, key)
 	for {
 		ch := c.group.DoChan(key, func() (any, error) {
-			c.mu.RLock()
-			if c.closed {
-				c.mu.RUnlock()
+			done, ok := c.track()
+			if !ok {
 				return &flightResult{}, ErrClosed
 			}
-			c.wg.Add(1)
-			c.mu.RUnlock()
-			defer c.wg.Done()
+			defer done()
 			f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
 			a := f.fly(stRead)
 			return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur}, a.err
@@ -299,24 +296,16 @@ func Fetch[T any](ctx context.Context, c *Cache, key string, ttl time.Duration, 
 
 // SetValue is [Cache.Set] for a typed value: v is encoded with
 // [Options.Codec] (JSON by default), the codec [Fetch] decodes with, so a
-// write-through reads back with Fetch[T]. Errors: those of Set, or a
-// wrapped codec error when v cannot be encoded; then nothing is written.
-func SetValue[T any](ctx context.Context, c *Cache, key string, v T, ttl time.Duration) error {
+// write-through reads back with Fetch[T]. Tags, if given, are as for Set:
+// [Cache.InvalidateTag] of any of them deletes the value. Errors: those of
+// Set, or a wrapped codec error when v cannot be encoded; then nothing is
+// written.
+func SetValue[T any](ctx context.Context, c *Cache, key string, v T, ttl time.Duration, tags ...string) error {
 	b, err := c.cfg.Codec.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("herd: encode %q: %w", key, err)
 	}
-	return c.Set(ctx, key, b, ttl)
-}
-
-// SetValueTagged is [SetValue] with tags, as [Cache.SetTagged]:
-// [Cache.InvalidateTag] of any of them deletes the value.
-func SetValueTagged[T any](ctx context.Context, c *Cache, key string, v T, ttl time.Duration, tags ...string) error {
-	b, err := c.cfg.Codec.Marshal(v)
-	if err != nil {
-		return fmt.Errorf("herd: encode %q: %w", key, err)
-	}
-	return c.SetTagged(ctx, key, b, ttl, tags...)
+	return c.Set(ctx, key, b, ttl, tags...)
 }
 
 // writeMarkerTTL is how long Redis remembers that a Set or Invalidate ran,
@@ -333,8 +322,22 @@ const writeMarkerTTL = time.Minute
 // it may be lost by a failover), or the wrapped Redis error. When ctx ends
 // first, Set returns at once with an error wrapping ctx.Err(); the write
 // may still land.
-func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration) error {
-	return c.set(ctx, key, val, ttl, nil)
+//
+// With tags (see [SetTags]), [Cache.InvalidateTag] of any of them deletes
+// the value: the key is recorded in each tag's index before the value is
+// written, one pipelined round trip more. Tagged, Set also returns
+// [ErrInvalidTag], [ErrTagFull] or the wrapped Redis error of recording a
+// tag; then nothing is written. With no tags, Set does not touch any tag
+// index.
+func (c *Cache) Set(ctx context.Context, key string, val []byte, ttl time.Duration, tags ...string) error {
+	if len(tags) == 0 {
+		return c.set(ctx, key, val, ttl, nil)
+	}
+	t, err := checkTags(tags)
+	if err != nil {
+		return fmt.Errorf("herd: set %q: %w", key, err)
+	}
+	return c.set(ctx, key, val, ttl, t)
 }
 
 // set is Set, recording the key in the index of each of tags (valid,

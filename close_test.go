@@ -134,8 +134,8 @@ func TestCacheClosedRefusesCalls(t *testing.T) {
 	if _, _, err := c.Peek(ctx, "k"); !errors.Is(err, ErrClosed) {
 		t.Errorf("Peek after Close: got %v, want ErrClosed", err)
 	}
-	if err := c.SetTagged(ctx, "k", []byte("after"), time.Minute, "t"); !errors.Is(err, ErrClosed) {
-		t.Errorf("SetTagged after Close: got %v, want ErrClosed", err)
+	if err := c.Set(ctx, "k", []byte("after"), time.Minute, "t"); !errors.Is(err, ErrClosed) {
+		t.Errorf("tagged Set after Close: got %v, want ErrClosed", err)
 	}
 	if err := c.InvalidateTag(ctx, "t"); !errors.Is(err, ErrClosed) {
 		t.Errorf("InvalidateTag after Close: got %v, want ErrClosed", err)

@@ -71,8 +71,8 @@ func coreEntryPoints(key string) []entryPoint {
 			_, _, err := c.Peek(ctx, key+"peek")
 			return err
 		}},
-		{"SetTagged", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
-			return c.SetTagged(ctx, key+"settagged", []byte("v"), time.Minute, "t")
+		{"Set/tagged", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
+			return c.Set(ctx, key+"settagged", []byte("v"), time.Minute, "t")
 		}},
 		{"InvalidateTag", func(ctx context.Context, c *Cache, _ *Locker, _ *Lease) error {
 			return c.InvalidateTag(ctx, "t")

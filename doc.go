@@ -110,7 +110,7 @@
 //     every backend passes.
 //   - [FencedStore]: a Redis record that refuses a write whose token is
 //     lower than the highest it has seen.
-//   - [Once] and [Job]: a job at most once per period across the fleet.
+//   - [RunJob] and [Job]: a job at most once per period across the fleet.
 //
 // HTTP: package github.com/herdkit/herd/middleware (docs/middleware.md,
 // docs/security.md). The herd command, github.com/herdkit/herd/cmd/herd,

@@ -3,6 +3,8 @@ package herd
 import (
 	"errors"
 	"fmt"
+
+	"github.com/herdkit/herd/internal/sentinel"
 )
 
 // Sentinel errors. Compare with [errors.Is]: herd wraps them with context
@@ -25,7 +27,7 @@ var (
 	// ErrLeaseHeld is returned by [Locker.TryAcquire] when another owner
 	// holds the lease, and (joined with [ErrWaitTimeout] or the context's
 	// error) by [Locker.Acquire] when its wait ends before the lease is free.
-	ErrLeaseHeld = errors.New("herd: lease held by another owner")
+	ErrLeaseHeld = sentinel.ErrLeaseHeld // "herd: lease held by another owner"
 
 	// ErrLeaseLost is returned by [Lease.Extend] and [Lease.Release] when the
 	// lease is no longer this owner's: it expired, was taken over, or was
@@ -112,28 +114,28 @@ var (
 	// ErrInvalidTag is returned, at once and without touching Redis, for
 	// a tag herd cannot record: an empty one, one longer than
 	// [MaxTagBytes], or more than [MaxTags] distinct tags for one value
-	// (by [Cache.SetTagged], [Cache.InvalidateTag], [SetTags] and
-	// [Fill.SetTags]). A value whose loader or builder was told it is not
-	// stored: its callers still get it.
+	// (by [Cache.Set] and [SetValue] with tags, [Cache.InvalidateTag],
+	// [SetTags] and [Fill.SetTags]). A value whose loader or builder was
+	// told it is not stored: its callers still get it.
 	ErrInvalidTag = errors.New("herd: invalid tag")
 
 	// ErrTagFull means a tag's index holds [Options.MaxTagEntries] keys
 	// already, so one more value with that tag cannot be recorded. It is
-	// returned by [Cache.SetTagged], which then writes nothing; a rebuild
-	// in the same case returns its value to its callers without storing
-	// it (counted in [Stats].CommitErrors). Entries leave an index when
-	// they expire.
+	// returned by [Cache.Set] with tags, which then writes nothing; a
+	// rebuild in the same case returns its value to its callers without
+	// storing it (counted in [Stats].CommitErrors). Entries leave an index
+	// when they expire.
 	ErrTagFull = errors.New("herd: tag index full")
 
 	// ErrClosed is returned by calls made on a [Locker] or [Cache] after
 	// its Close: TryAcquire, Acquire (also one waiting when Close is
-	// called), Get, [Fetch], Begin, Peek, Set, SetTagged, Invalidate,
+	// called), Get, [Fetch], Begin, Peek, Set, Invalidate,
 	// InvalidateSoft and InvalidateTag. A [Lease] handed
 	// out before Close can still be extended and released. Every call on a
 	// [Redlock] or its leases after the Redlock's Close returns it too.
-	ErrClosed = errors.New("herd: closed")
+	ErrClosed = sentinel.ErrClosed // "herd: closed"
 
-	// ErrInvalidJob is returned by [Job.Run] and [Once], at once and
+	// ErrInvalidJob is returned by [Job.Run] and [RunJob], at once and
 	// without touching the lock or the store, for a nil func, a nil Lock or
 	// Done, a period of zero or less, or an empty name (then joined with
 	// [ErrInvalidKey]). The error says which.

@@ -120,7 +120,7 @@ func ExampleCache_InvalidateTag() {
 	}
 	c.Get(ctx, "user:1", time.Minute, loadUser("Ada"))
 	c.Get(ctx, "user:2", time.Minute, loadUser("Grace"))
-	c.SetTagged(ctx, "team:7:name", []byte("Analytical Engines"), time.Minute, "team:7")
+	c.Set(ctx, "team:7:name", []byte("Analytical Engines"), time.Minute, "team:7")
 
 	if err := c.InvalidateTag(ctx, "team:7"); err != nil {
 		fmt.Println(err)

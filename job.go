@@ -112,13 +112,13 @@ type Job struct {
 // defaultJobLease is Job.Lease's default.
 const defaultJobLease = 30 * time.Second
 
-// Once is [Job.Run] for a Job of name and period on lock, recording to
+// RunJob is [Job.Run] for a Job of name and period on lock, recording to
 // done, with the defaults of every other field: it runs fn unless the
 // current period is recorded done or another instance holds the lock.
 //
 //	var locks herd.Lock[herd.LeaseHandle] = herd.AnyLock(herd.NewLocker(rdb, nil))
-//	ran, err := herd.Once(ctx, locks, herd.NewFencedStore(rdb, ""), "nightly-report", 24*time.Hour, report)
-func Once(ctx context.Context, lock Lock[LeaseHandle], done FencedRecords, name string, period time.Duration, fn JobFunc) (ran bool, err error) {
+//	ran, err := herd.RunJob(ctx, locks, herd.NewFencedStore(rdb, ""), "nightly-report", 24*time.Hour, report)
+func RunJob(ctx context.Context, lock Lock[LeaseHandle], done FencedRecords, name string, period time.Duration, fn JobFunc) (ran bool, err error) {
 	j := Job{Name: name, Period: period, Lock: lock, Done: done}
 	return j.Run(ctx, fn)
 }

@@ -315,19 +315,19 @@ func TestJobBadInput(t *testing.T) {
 			t.Log(err)
 		})
 	}
-	if ran, err := Once(context.Background(), r.locks, r.done, "", time.Hour, fn); ran || !errors.Is(err, ErrInvalidKey) {
-		t.Errorf("Once with an empty name: ran %v, err %v", ran, err)
+	if ran, err := RunJob(context.Background(), r.locks, r.done, "", time.Hour, fn); ran || !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("RunJob with an empty name: ran %v, err %v", ran, err)
 	}
 }
 
-// TestOnce: the function form runs once per period with the wall clock.
-func TestOnce(t *testing.T) {
+// TestRunJob: the function form runs once per period with the wall clock.
+func TestRunJob(t *testing.T) {
 	t.Parallel()
 	r := newJobRig(t)
 	ctx := context.Background()
 	var runs atomic.Int64
 	for range 3 {
-		if _, err := Once(ctx, r.locks, r.done, "once-"+t.Name(), 24*time.Hour, counting(&runs, nil)); err != nil {
+		if _, err := RunJob(ctx, r.locks, r.done, "once-"+t.Name(), 24*time.Hour, counting(&runs, nil)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -86,7 +86,7 @@ func leaseCall[T any](l *Locker, ctx context.Context, call func(context.Context)
 		cctx := context.WithoutCancel(ctx)
 		if tracked {
 			var stop func()
-			cctx, stop = endWith(cctx, l.ctx)
+			cctx, stop = l.gate.Bound(cctx)
 			defer stop()
 		}
 		return call(cctx)

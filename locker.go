@@ -8,10 +8,10 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/internal/lockgate"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -32,26 +32,19 @@ type Locker struct {
 	cfg    lockerConfig
 	notify *notifier
 
-	closeOnce sync.Once
-	done      chan struct{} // closed by Close
-
-	callMu sync.Mutex      // guards closed against calls starting
-	closed bool            // Close began
-	calls  sync.WaitGroup  // calls whose callers left (see leaveOnDone)
-	ctx    context.Context // ends on Close: callers waiting in TryAcquire or Acquire leave
-	cancel context.CancelFunc
+	// gate registers the calls whose callers left (see leaveOnDone), which
+	// Close waits for. Its Root ends on Close: callers waiting in
+	// TryAcquire or Acquire leave.
+	gate lockgate.Gate
 }
 
 // track registers a call that may outlive its caller; it reports false
 // once Close began (the call then runs in its caller's goroutine).
 func (l *Locker) track() (done func(), ok bool) {
-	l.callMu.Lock()
-	defer l.callMu.Unlock()
-	if l.closed {
+	if l.gate.Enter() != nil {
 		return nil, false
 	}
-	l.calls.Add(1)
-	return l.calls.Done, true
+	return l.gate.Leave, true
 }
 
 // NewLocker returns a Locker that keeps its leases in rdb, which may be a
@@ -62,9 +55,9 @@ func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
 	if rdb == nil {
 		panic("herd: NewLocker with a nil Redis client")
 	}
-	l := &Locker{rdb: rdb, cfg: opt.resolve(), notify: newNotifier(rdb), done: make(chan struct{})}
+	l := &Locker{rdb: rdb, cfg: opt.resolve(), notify: newNotifier(rdb)}
 	l.cfg.repl.fitReadTimeout(rdb)
-	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.gate.Init()
 	return l
 }
 
@@ -77,24 +70,16 @@ func NewLocker(rdb redis.UniversalClient, opt *LockerOptions) *Locker {
 // back. Release every lease before Close; a watchdog left running ends
 // only with its lease. Close is idempotent.
 func (l *Locker) Close() error {
-	l.closeOnce.Do(func() { close(l.done) })
-	l.callMu.Lock()
-	l.closed = true
-	l.callMu.Unlock()
-	l.cancel()
-	l.calls.Wait() // calls whose callers left: each ends with its reply, or the client's timeouts
+	// The calls whose callers left: each ends with its reply, or the
+	// client's timeouts. A later Close waits for them too.
+	if !l.gate.Close() {
+		l.gate.Wait()
+	}
 	return l.notify.close()
 }
 
 // isClosed reports whether Close was called.
-func (l *Locker) isClosed() bool {
-	select {
-	case <-l.done:
-		return true
-	default:
-		return false
-	}
-}
+func (l *Locker) isClosed() bool { return l.gate.Root().Err() != nil }
 
 // TryAcquire takes the lease on key for ttl, in one round trip, or fails at
 // once with an error that wraps [ErrLeaseHeld] when another owner holds
@@ -187,7 +172,7 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 		select {
 		case <-ctx.Done():
 			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
-		case <-l.done:
+		case <-l.gate.Root().Done():
 			return nil, fmt.Errorf("%w: acquire %q", ErrClosed, key)
 		case <-limit.C:
 			return nil, fmt.Errorf("%w after %v: %w", ErrWaitTimeout, maxWait, ErrLeaseHeld)
@@ -245,13 +230,12 @@ func (l *Locker) tryCtx(ctx context.Context, key string, keys keyFamily, ttl tim
 		return nil, 0, fmt.Errorf("%w: acquire %q: %w", ErrLeaseHeld, key, err)
 	}
 	// The caller also leaves when the Locker closes.
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(l.ctx, cancel)()
+	cctx, stop := l.gate.Bound(ctx)
+	defer stop()
 	r, err := leaveOnDone(cctx, l.track, func() (tried, error) {
 		// The round trip outlives a caller that left (a lease it wins is
 		// released below), but not the Locker's Close (see endWith).
-		ictx, stop := endWith(context.WithoutCancel(ctx), l.ctx)
+		ictx, stop := l.gate.Bound(context.WithoutCancel(ctx))
 		defer stop()
 		lease, pttl, err := l.try(ictx, key, keys, ttl)
 		return tried{lease, pttl}, err
@@ -262,7 +246,7 @@ func (l *Locker) tryCtx(ctx context.Context, key string, keys keyFamily, ttl tim
 			_ = r.lease.Release(rctx)
 		}
 	})
-	if err != nil && ctx.Err() == nil && l.ctx.Err() != nil {
+	if err != nil && ctx.Err() == nil && l.gate.Root().Err() != nil {
 		return nil, 0, fmt.Errorf("%w: acquire %q", ErrClosed, key)
 	}
 	if err != nil && ctx.Err() != nil && r.lease == nil && !errors.Is(err, ErrLeaseHeld) {

@@ -391,7 +391,7 @@ func TestNearBeginAcrossProcesses(t *testing.T) {
 	const procs, rounds = 3, 9
 	prefix := cpNewPrefix()
 	seed := New(rdb, &Options{Prefix: prefix})
-	if err := seed.SetTagged(context.Background(), cpKey(prefix, "hot"), []byte("v0"), time.Hour, "t"); err != nil {
+	if err := seed.Set(context.Background(), cpKey(prefix, "hot"), []byte("v0"), time.Hour, "t"); err != nil {
 		t.Fatal(err)
 	}
 	seed.Close()
@@ -491,7 +491,7 @@ func atkNearBeginWorker(ctx context.Context, _ string) error {
 			var err error
 			switch r % 3 {
 			case 0:
-				err = c.SetTagged(ctx, key, []byte(cur), time.Hour, "t")
+				err = c.Set(ctx, key, []byte(cur), time.Hour, "t")
 			case 1:
 				if err = c.Invalidate(ctx, key); err == nil {
 					err = build(cur)

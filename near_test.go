@@ -769,7 +769,7 @@ func TestNearTagPurge(t *testing.T) {
 	ctx := context.Background()
 	keys := []string{"near-tag-1", "near-tag-2", "near-tag-3"}
 	for _, k := range keys {
-		if err := a.SetTagged(ctx, k, []byte("v"), time.Minute, "t"); err != nil {
+		if err := a.Set(ctx, k, []byte("v"), time.Minute, "t"); err != nil {
 			t.Fatal(err)
 		}
 		warm(t, a, k, "v")

@@ -405,8 +405,7 @@ type Options struct {
 	// wake-up message is lost or pub/sub is down. Defaults: 10ms, 250ms.
 	PollMin, PollMax time.Duration
 
-	// Codec encodes the values of [Fetch], [SetValue] and [SetValueTagged].
-	// Default: JSON.
+	// Codec encodes the values of [Fetch] and [SetValue]. Default: JSON.
 	Codec Codec
 
 	// Logger receives rare events the caller does not see (a lease lost,

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/internal/lockgate"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -156,12 +157,9 @@ type Redlock struct {
 	cfg    redlockConfig
 	now    func() time.Time // the local clock; the model test replaces it
 
-	root   context.Context // cancelled by Close
-	cancel context.CancelFunc
-
-	mu     sync.Mutex // guards closed and the calls counter's Add against Close's Wait
-	closed bool
-	calls  sync.WaitGroup // every running call and every goroutine started for one
+	// gate registers every running call and every goroutine started for
+	// one, refuses calls after Close, and its Root is cancelled by Close.
+	gate lockgate.Gate
 }
 
 // NewRedlock returns a Redlock over the independent masters clients,
@@ -214,7 +212,7 @@ func NewRedlock(clients []redis.UniversalClient, opt *RedlockOptions) *Redlock {
 		r.all = append(r.all, i)
 		r.notify = append(r.notify, newNotifier(c))
 	}
-	r.root, r.cancel = context.WithCancel(context.Background())
+	r.gate.Init()
 	return r
 }
 
@@ -275,15 +273,9 @@ func (r *Redlock) Quorum() int { return r.quorum }
 // made after Close, on the Redlock or on its leases, returns ErrClosed.
 // It returns the first error of closing a pub/sub connection, if any.
 func (r *Redlock) Close() error {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
+	if !r.gate.Close() {
 		return ErrClosed
 	}
-	r.closed = true
-	r.cancel()
-	r.mu.Unlock()
-	r.calls.Wait()
 	var first error
 	for _, n := range r.notify {
 		if err := n.close(); err != nil && first == nil {
@@ -295,17 +287,9 @@ func (r *Redlock) Close() error {
 
 // enter registers a call; it fails with ErrClosed after Close. Every
 // successful enter is paired with a leave.
-func (r *Redlock) enter() error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return ErrClosed
-	}
-	r.calls.Add(1)
-	return nil
-}
+func (r *Redlock) enter() error { return r.gate.Enter() }
 
-func (r *Redlock) leave() { r.calls.Done() }
+func (r *Redlock) leave() { r.gate.Leave() }
 
 // TryAcquire takes the lock on key for ttl, or fails at once. It returns
 // an error wrapping [ErrLeaseHeld] when a quorum of masters answered but
@@ -406,7 +390,7 @@ func (r *Redlock) Acquire(ctx context.Context, key string, ttl time.Duration) (*
 			return nil, errors.Join(ErrLeaseHeld, ctx.Err())
 		case <-limit.C:
 			return nil, fmt.Errorf("%w after %v: %w", ErrWaitTimeout, maxWait, ErrLeaseHeld)
-		case <-r.root.Done():
+		case <-r.gate.Root().Done():
 			return nil, ErrClosed
 		case <-wake:
 		case <-poll.C:
@@ -546,7 +530,7 @@ func (r *Redlock) try(ctx context.Context, key string, keys keyFamily, ttl time.
 	r.fanout(context.WithoutCancel(ctx), r.all, timeout, func(ctx context.Context, i int) nodeReply {
 		return r.releaseNotify(ctx, i, keys, a.owner, a.releaseMark(i), notify)
 	})
-	if r.root.Err() != nil {
+	if r.gate.Root().Err() != nil {
 		// Close cut the rounds short: that, not the masters, is the cause.
 		err = fmt.Errorf("%w: acquire %q", ErrClosed, key)
 	}
@@ -575,7 +559,7 @@ func (r *Redlock) fanout(ctx context.Context, nodes []int, timeout time.Duration
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	stop := context.AfterFunc(r.root, cancel)
+	stop := context.AfterFunc(r.gate.Root(), cancel)
 	defer stop()
 
 	type answer struct {
@@ -585,11 +569,9 @@ func (r *Redlock) fanout(ctx context.Context, nodes []int, timeout time.Duration
 	answers := make(chan answer, len(nodes)) // never blocks a late call
 	for _, i := range nodes {
 		replies[i].err = nil
-		r.calls.Add(1) // the calling method holds one, so this never races Close's Wait
-		go func() {
-			defer r.calls.Done()
-			answers <- answer{i, call(ctx, i)}
-		}()
+		// The calling method holds a call of the gate, so Go never races
+		// Close's wait.
+		r.gate.Go(func() { answers <- answer{i, call(ctx, i)} })
 	}
 	got := make([]bool, len(r.nodes))
 	for pending := len(nodes); pending > 0; pending-- {

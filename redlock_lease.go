@@ -147,7 +147,7 @@ func (l *RedlockLease) KeepAlive(maxHold time.Duration) {
 	}
 	// The holding ends at a cap before the lease's end: Lost closes then,
 	// though the masters' keys (never shortened) live to the lease's end.
-	started := l.life.KeepAlive(l.r.root, maxHold, func(ctx context.Context, capAt time.Time) {
+	started := l.life.KeepAlive(l.r.gate.Root(), maxHold, func(ctx context.Context, capAt time.Time) {
 		defer l.r.leave()
 		l.life.Renew(ctx, capAt, lease.Renewal{
 			Extend: l.Extend,

@@ -69,14 +69,11 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 		c.sig.refresh(f.key, RefreshDropped)
 		return
 	}
-	c.mu.RLock()
-	if c.closed {
-		c.mu.RUnlock()
+	done, ok := c.track()
+	if !ok {
 		<-c.refreshSem
 		return
 	}
-	c.wg.Add(1)
-	c.mu.RUnlock()
 	c.refreshing[f.key] = struct{}{}
 	load := f.refresh
 	if f.prepare != nil {
@@ -86,7 +83,7 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 		if load = f.prepare(); load == nil {
 			delete(c.refreshing, f.key)
 			<-c.refreshSem
-			c.wg.Done()
+			done()
 			return
 		}
 	}
@@ -98,7 +95,7 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 			delete(c.refreshing, rf.key)
 			c.refreshMu.Unlock()
 			<-c.refreshSem
-			c.wg.Done()
+			done()
 		}()
 		c.refresh(rf, fence)
 	}()

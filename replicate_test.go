@@ -127,7 +127,7 @@ func TestUnreplicatedCommitIsReportedAsStoredOnTheMaster(t *testing.T) {
 // Locker), not per process: a process that wrote through one store while
 // both replicas were attached, and then, the replicas gone (the master
 // deposed, still writable), writes through a FencedStore it creates then
-// (as job.go's Once example does, herd.NewFencedStore inline), is told
+// (as job.go's RunJob example does, herd.NewFencedStore inline), is told
 // the write is done. After the promotion the deposed holder's older
 // token is accepted.
 func TestReplicaCountIsWhatThisProcessSawNotWhatOneStoreSaw(t *testing.T) {

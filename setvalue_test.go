@@ -17,8 +17,8 @@ var errCodec = errors.New("codec says no")
 
 func (failCodec) Marshal(any) ([]byte, error) { return nil, errCodec }
 
-// TestSetValueRoundTrip: a value written with SetValue (and SetValueTagged)
-// is what Fetch[T] returns, without calling the loader; a tagged one goes
+// TestSetValueRoundTrip: a value written with SetValue (with tags
+// or without) is what Fetch[T] returns, without calling the loader; a tagged one goes
 // with its tag.
 func TestSetValueRoundTrip(t *testing.T) {
 	t.Parallel()
@@ -42,11 +42,11 @@ func TestSetValueRoundTrip(t *testing.T) {
 	}
 
 	tagged := user{7, "Grace"}
-	if err := SetValueTagged(ctx, c, "user:7", tagged, time.Minute, "team:1"); err != nil {
+	if err := SetValue(ctx, c, "user:7", tagged, time.Minute, "team:1"); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := Fetch(ctx, c, "user:7", time.Minute, noLoad); err != nil || got != tagged {
-		t.Errorf("Fetch after SetValueTagged: %+v, %v; want %+v", got, err, tagged)
+		t.Errorf("Fetch after a tagged SetValue: %+v, %v; want %+v", got, err, tagged)
 	}
 	if err := c.InvalidateTag(ctx, "team:1"); err != nil {
 		t.Fatal(err)
@@ -67,8 +67,8 @@ func TestSetValueCodecError(t *testing.T) {
 	if err := SetValue(ctx, c, "k", 1, time.Minute); !errors.Is(err, errCodec) {
 		t.Errorf("SetValue with a failing codec: %v, want it to wrap the codec's error", err)
 	}
-	if err := SetValueTagged(ctx, c, "k", 1, time.Minute, "t"); !errors.Is(err, errCodec) {
-		t.Errorf("SetValueTagged with a failing codec: %v, want it to wrap the codec's error", err)
+	if err := SetValue(ctx, c, "k", 1, time.Minute, "t"); !errors.Is(err, errCodec) {
+		t.Errorf("tagged SetValue with a failing codec: %v, want it to wrap the codec's error", err)
 	}
 	if _, ok, err := c.Peek(ctx, "k"); ok || err != nil {
 		t.Errorf("after the failed writes: ok %v, err %v; want nothing stored", ok, err)

@@ -17,7 +17,7 @@ import (
 )
 
 // Tag purges. A value may carry tags (SetTags in a loader, Fill.SetTags,
-// SetTagged); InvalidateTag invalidates every value with a tag, in every
+// Set with tags); InvalidateTag invalidates every value with a tag, in every
 // process, with the guarantee of Invalidate: no rebuild that began before
 // the purge stores its value after it.
 //
@@ -421,22 +421,8 @@ func (c *Cache) recordTags(ctx context.Context, member string, tags []string, tt
 	return purged, errors.Join(errs...)
 }
 
-// SetTagged is [Cache.Set] for a value with tags (see [SetTags]):
-// [Cache.InvalidateTag] of any of them deletes it. The key is recorded in
-// each tag's index before the value is written, one pipelined round trip
-// more. Errors: those of Set, [ErrInvalidTag], [ErrTagFull] and the
-// wrapped Redis error of recording a tag; then nothing is written.
-// SetTagged with no tags is Set.
-func (c *Cache) SetTagged(ctx context.Context, key string, val []byte, ttl time.Duration, tags ...string) error {
-	t, err := checkTags(tags)
-	if err != nil {
-		return fmt.Errorf("herd: set %q: %w", key, err)
-	}
-	return c.set(ctx, key, val, ttl, t)
-}
-
 // InvalidateTag invalidates every value stored with any of tags, by
-// [Cache.Get], [Fetch], [Cache.Begin], [Cache.SetTagged] or the HTTP
+// [Cache.Get], [Fetch], [Cache.Begin], [Cache.Set] or the HTTP
 // middleware, in every process that shares the Redis and the prefix: it
 // deletes each one and advances its key's fence, as [Cache.Invalidate]
 // does. When it returns nil, no rebuild that began before it was called

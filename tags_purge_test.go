@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// fakeTagged writes n keys straight into Redis as if SetTagged had stored
+// fakeTagged writes n keys straight into Redis as if a tagged Set had stored
 // them with tag: a value key each (INVALIDATE deletes whatever is there)
 // and a live member each in the tag's index, with scores rising by one
 // every three keys (so pages end inside runs of equal scores). It returns

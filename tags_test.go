@@ -155,7 +155,7 @@ func TestTags(t *testing.T) {
 	}
 }
 
-// Values from Get, negative entries and SetTagged all go with a purge of
+// Values from Get, negative entries and tagged Sets all go with a purge of
 // their tag, in every Cache; others stay. On a Cluster the keys sit on
 // other masters than their tag's index.
 func testPurgeRemovesEveryTaggedValue(t *testing.T, r *tagRig) {
@@ -167,7 +167,7 @@ func testPurgeRemovesEveryTaggedValue(t *testing.T, r *tagRig) {
 	for i := range n {
 		r.get(a, key(i), taggedLoader(&loads, "v", "all", "group:"+strconv.Itoa(i%3)))
 	}
-	if err := a.SetTagged(ctx, "set:1", []byte("s"), time.Hour, "all"); err != nil {
+	if err := a.Set(ctx, "set:1", []byte("s"), time.Hour, "all"); err != nil {
 		t.Fatal(err)
 	}
 	_, err := a.Get(ctx, "missing", time.Hour, func(ctx context.Context) ([]byte, error) {
@@ -582,7 +582,7 @@ func testMintedKeysTakeHalfAnIndex(t *testing.T, r *tagRig) {
 }
 
 // A tag's index is bounded: one key too many is not stored (its callers
-// get the value), SetTagged fails with ErrTagFull, a key already in the
+// get the value), a tagged Set fails with ErrTagFull, a key already in the
 // index may be written again, and dead members make room.
 func testFullIndexRefuses(t *testing.T, r *tagRig) {
 	c := r.cache(&Options{MaxTagEntries: 3})
@@ -600,14 +600,14 @@ func testFullIndexRefuses(t *testing.T, r *tagRig) {
 	if s := c.Stats(); s.CommitErrors != 1 {
 		t.Fatalf("CommitErrors %d, want 1", s.CommitErrors)
 	}
-	if err := c.SetTagged(ctx, "k4", []byte("v"), time.Hour, "t"); !errors.Is(err, ErrTagFull) {
-		t.Fatalf("SetTagged past the bound: %v, want ErrTagFull", err)
+	if err := c.Set(ctx, "k4", []byte("v"), time.Hour, "t"); !errors.Is(err, ErrTagFull) {
+		t.Fatalf("tagged Set past the bound: %v, want ErrTagFull", err)
 	}
 	if r.stored("k4") {
-		t.Fatal("a failed SetTagged wrote its value")
+		t.Fatal("a failed tagged Set wrote its value")
 	}
-	if err := c.SetTagged(ctx, "k1", []byte("again"), time.Hour, "t"); err != nil {
-		t.Fatalf("SetTagged of a key in the full index: %v", err)
+	if err := c.Set(ctx, "k1", []byte("again"), time.Hour, "t"); err != nil {
+		t.Fatalf("tagged Set of a key in the full index: %v", err)
 	}
 	// Members whose values are dead leave the index at the next TAGADD.
 	idx := makeTagKeys(r.prefix, "t").index
@@ -617,8 +617,8 @@ func testFullIndexRefuses(t *testing.T, r *tagRig) {
 	if err := r.rdb.ZIncrBy(ctx, idx, -1e15, mustHash(t, "k0")).Err(); err != nil { // k0's value "expired"
 		t.Fatal(err)
 	}
-	if err := c.SetTagged(ctx, "k5", []byte("v"), time.Hour, "t"); err != nil {
-		t.Fatalf("SetTagged after a member died: %v", err)
+	if err := c.Set(ctx, "k5", []byte("v"), time.Hour, "t"); err != nil {
+		t.Fatalf("tagged Set after a member died: %v", err)
 	}
 	if n := r.rdb.ZCard(ctx, idx).Val(); n != 3 {
 		t.Fatalf("index holds %d members, want 3", n)
@@ -653,15 +653,15 @@ func testIndexExpiresWithEntries(t *testing.T, r *tagRig) {
 			t.Fatalf("%s: PTTL %v, want within [%v, %v]", what, got, lo, hi)
 		}
 	}
-	if err := c.SetTagged(ctx, "a", []byte("v"), time.Hour, "t"); err != nil {
+	if err := c.Set(ctx, "a", []byte("v"), time.Hour, "t"); err != nil {
 		t.Fatal(err)
 	}
 	within("index after a 1h value", pttl(tk.index), time.Hour, time.Hour+tagGrace)
-	if err := c.SetTagged(ctx, "b", []byte("v"), 3*time.Hour, "t"); err != nil {
+	if err := c.Set(ctx, "b", []byte("v"), 3*time.Hour, "t"); err != nil {
 		t.Fatal(err)
 	}
 	within("index after a 3h value", pttl(tk.index), 3*time.Hour, 3*time.Hour+tagGrace)
-	if err := c.SetTagged(ctx, "c", []byte("v"), time.Minute, "t"); err != nil {
+	if err := c.Set(ctx, "c", []byte("v"), time.Minute, "t"); err != nil {
 		t.Fatal(err)
 	}
 	within("index after a shorter value", pttl(tk.index), 3*time.Hour, 3*time.Hour+tagGrace)
@@ -688,8 +688,8 @@ func testHostileTags(t *testing.T, r *tagRig) {
 	}
 	var loads atomic.Int64
 	r.get(c, "hostile", taggedLoader(&loads, "v", hostile...))
-	if err := c.SetTagged(ctx, "many", []byte("v"), time.Hour, append(many, many[0])...); err != nil {
-		t.Fatalf("SetTagged with MaxTags tags (and a repeat): %v", err)
+	if err := c.Set(ctx, "many", []byte("v"), time.Hour, append(many, many[0])...); err != nil {
+		t.Fatalf("Set with MaxTags tags (and a repeat): %v", err)
 	}
 	for _, tag := range hostile {
 		if !r.stored("hostile") {
@@ -707,8 +707,8 @@ func testHostileTags(t *testing.T, r *tagRig) {
 	}
 
 	for _, bad := range [][]string{{""}, {"ok", ""}, {long + "x"}, append(many, "one-more")} {
-		if err := c.SetTagged(ctx, "bad", []byte("v"), time.Hour, bad...); !errors.Is(err, ErrInvalidTag) {
-			t.Fatalf("SetTagged with %d tags (%d bytes at most): %v, want ErrInvalidTag", len(bad), len(bad[len(bad)-1]), err)
+		if err := c.Set(ctx, "bad", []byte("v"), time.Hour, bad...); !errors.Is(err, ErrInvalidTag) {
+			t.Fatalf("Set with %d tags (%d bytes at most): %v, want ErrInvalidTag", len(bad), len(bad[len(bad)-1]), err)
 		}
 		if err := c.InvalidateTag(ctx, bad...); !errors.Is(err, ErrInvalidTag) {
 			t.Fatalf("InvalidateTag with an invalid tag: %v, want ErrInvalidTag", err)
@@ -753,8 +753,8 @@ func testTagForeignValues(t *testing.T, r *tagRig) {
 	if v := r.get(c, "k", taggedLoader(&loads, "v", "t")); v != "v" || r.stored("k") {
 		t.Fatalf("tagged Get over a foreign index: %q, stored %v; want the value, not stored", v, r.stored("k"))
 	}
-	if err := c.SetTagged(ctx, "k", []byte("v"), time.Hour, "t"); err == nil || !strings.Contains(err.Error(), "not a sorted set") {
-		t.Fatalf("SetTagged over a foreign index: %v", err)
+	if err := c.Set(ctx, "k", []byte("v"), time.Hour, "t"); err == nil || !strings.Contains(err.Error(), "not a sorted set") {
+		t.Fatalf("tagged Set over a foreign index: %v", err)
 	}
 	if err := c.InvalidateTag(ctx, "t"); err == nil || !strings.Contains(err.Error(), "not a sorted set") {
 		t.Fatalf("InvalidateTag over a foreign index: %v", err)

@@ -443,7 +443,7 @@
 // MaxTagEntries beyond what a flood can fill in a TTL. A stale entry's background refresh stores the tags its
 // response carries then. Tags are one namespace per Cache: a purge also
 // removes cache-aside values tagged the same ([herd.SetTags],
-// [herd.Cache.SetTagged]). [herd.Cache.InvalidateTag] has the costs and
+// [herd.Cache.Set] with tags). [herd.Cache.InvalidateTag] has the costs and
 // limits.
 //
 // Both fields are removed from every response herd stores or serves,

@@ -55,7 +55,7 @@ func (h *handler) keepForRevalidation(ctx context.Context, key string, stored *e
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	if err := h.c.SetTagged(ctx, revalidationKey(key), cp.encode(), max(ttl, 0)+revalidateKeep, tags...); err != nil {
+	if err := h.c.Set(ctx, revalidationKey(key), cp.encode(), max(ttl, 0)+revalidateKeep, tags...); err != nil {
 		h.log(slog.LevelWarn, "herd/middleware: response not kept for revalidation", "err", err)
 	}
 }

@@ -169,7 +169,7 @@ func TestTagPurgeAcrossInstances(t *testing.T) {
 		r.wantRebuild(r.a, id, "product "+id+" v0")
 		r.wantHit(r.b, id, "product "+id+" v0")
 	}
-	if err := r.ca.SetTagged(ctx, "price:1", []byte("9.99"), time.Hour, "product:1"); err != nil {
+	if err := r.ca.Set(ctx, "price:1", []byte("9.99"), time.Hour, "product:1"); err != nil {
 		t.Fatal(err)
 	}
 	r.version.Store(1)

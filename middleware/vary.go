@@ -136,5 +136,5 @@ func sameVariant(r *http.Request, variant string) bool {
 func (h *handler) setVariant(ctx context.Context, key string, enc []byte, ttl time.Duration, tags []string) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	return h.c.SetTagged(ctx, key, enc, ttl, tags...)
+	return h.c.Set(ctx, key, enc, ttl, tags...)
 }

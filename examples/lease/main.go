@@ -4,7 +4,7 @@
 // a frozen VM) cannot overwrite the work of the instance that took over.
 // The lock stops runs that overlap, not repeated ones: instances whose
 // ticks come a little apart each take the free lock in turn. For a job
-// that must run once per period, use herd.Once or herd.Job (README, "The
+// that must run once per period, use herd.RunJob or herd.Job (README, "The
 // short lease on its own").
 //
 //	go run ./examples/lease                 # embedded Redis

@@ -1,8 +1,11 @@
 // Package lockgate is the gate of the calls of a lock backend's Locker
-// (lock/postgres, lock/mysql, lock/etcd, lock/zookeeper): it registers
-// each call while it runs, refuses calls with [herd.ErrClosed] once Close
-// has begun, ends the contexts of the running calls at Close, and lets
-// Close wait for them and for the goroutines they started.
+// (herd's Locker and Redlock, lock/postgres, lock/mysql, lock/etcd,
+// lock/zookeeper): it registers each call while it runs, refuses calls
+// with herd.ErrClosed once Close has begun, ends the contexts of the
+// running calls at Close, and lets Close wait for them and for the
+// goroutines they started. It does not import herd, which uses it: its
+// errors are the values of package sentinel, which herd exports as
+// herd.ErrClosed and herd.ErrLeaseHeld.
 package lockgate
 
 import (
@@ -11,7 +14,7 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/sentinel"
 )
 
 // Gate is a Locker's call gate. Its zero value is not ready: call Init
@@ -35,7 +38,7 @@ func (g *Gate) Enter() error {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if g.closed {
-		return herd.ErrClosed
+		return sentinel.ErrClosed
 	}
 	g.calls.Add(1)
 	return nil
@@ -71,6 +74,11 @@ func (g *Gate) Close() bool {
 	return true
 }
 
+// Wait waits for the running calls and the goroutines of [Gate.Go], as
+// Close does, without closing the gate: for a Locker whose every Close,
+// not only the first, returns only once those have ended.
+func (g *Gate) Wait() { g.calls.Wait() }
+
 // Root is the context that Close cancels.
 func (g *Gate) Root() context.Context { return g.root }
 
@@ -88,9 +96,9 @@ func (g *Gate) Bound(ctx context.Context) (context.Context, context.CancelFunc) 
 func (g *Gate) Ended(ctx context.Context, key string) error {
 	switch {
 	case ctx.Err() != nil:
-		return errors.Join(herd.ErrLeaseHeld, ctx.Err())
+		return errors.Join(sentinel.ErrLeaseHeld, ctx.Err())
 	case g.root.Err() != nil:
-		return fmt.Errorf("%w: acquire %q", herd.ErrClosed, key)
+		return fmt.Errorf("%w: acquire %q", sentinel.ErrClosed, key)
 	}
 	return nil
 }
