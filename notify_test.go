@@ -114,7 +114,7 @@ func (a *acquires) snapshot(t *testing.T, prefix string, keys ...string) []int {
 	var out []int
 	for _, k := range keys {
 		fam, _ := makeKeys(prefix, k)
-		out = append(out, a.n[fam.lease])
+		out = append(out, a.n[fam.Lease])
 	}
 	return out
 }
@@ -157,11 +157,11 @@ func clusterPair(t *testing.T, cc *redis.ClusterClient, prefix string) (k1, k2 s
 		if err != nil {
 			t.Fatal(err)
 		}
-		slot, err := cc.ClusterKeySlot(ctx, fam.channel).Result()
+		slot, err := cc.ClusterKeySlot(ctx, fam.Channel).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := cc.MasterForKey(ctx, fam.channel)
+		m, err := cc.MasterForKey(ctx, fam.Channel)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +189,7 @@ func channelOf(t *testing.T, prefix, key string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fam.channel
+	return fam.Channel
 }
 
 // waitShardSubscribed waits until the master reports one subscriber of
@@ -391,11 +391,11 @@ func TestRingPubSub(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lease, err := r1.GetShardClientForKey(fam.lease)
+		lease, err := r1.GetShardClientForKey(fam.Lease)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch, err := r1.GetShardClientForKey(fam.channel)
+		ch, err := r1.GetShardClientForKey(fam.Channel)
 		if err != nil {
 			t.Fatal(err)
 		}

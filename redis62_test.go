@@ -167,8 +167,8 @@ func TestRedis62Server(t *testing.T) {
 	}
 	direct := srv.Client(t)
 	waitFor(t, 10*time.Second, "the waiter to subscribe", func() bool {
-		n, err := direct.PubSubNumSub(ctx, job.channel).Result()
-		return err == nil && n[job.channel] == 1
+		n, err := direct.PubSubNumSub(ctx, job.Channel).Result()
+		return err == nil && n[job.Channel] == 1
 	})
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -390,7 +390,7 @@ func (r *Redlock) Acquire(ctx context.Context, key string, ttl time.Duration) (*
 	// too) starts. A subscription already live in this process gets no
 	// confirmation: then look again at once.
 	ping := make(chan struct{}, 1)
-	live, stop := r.listen(ctx, keys.channel, ping, r.nodeTimeout(ttl))
+	live, stop := r.listen(ctx, keys.Channel, ping, r.nodeTimeout(ttl))
 	defer stop()
 
 	backoff := r.cfg.pollMin
@@ -500,7 +500,7 @@ func (r *Redlock) fenceTTL(ttl time.Duration) time.Duration {
 // owner: while it exists, that owner's round-one script takes nothing.
 // It shares the key family's hash tag.
 func releasedKey(keys keyFamily, owner string) string {
-	return keys.lease + ":x:" + owner
+	return keys.Lease + ":x:" + owner
 }
 
 // nodeTimeout is the bound of one round for a lease of length ttl.
@@ -616,7 +616,7 @@ func (r *Redlock) fanout(ctx context.Context, nodes []int, timeout time.Duration
 var errNotAsked = errors.New("not asked")
 
 func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
-	cmd := r.send(ctx, i, redlockAcquireScript, []string{keys.lease, keys.fence, releasedKey(keys, owner)},
+	cmd := r.send(ctx, i, redlockAcquireScript, []string{keys.Lease, keys.Fence, releasedKey(keys, owner)},
 		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds())
 	res, err := cmd.Slice()
 	if err != nil {
@@ -650,12 +650,12 @@ func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner 
 }
 
 func (r *Redlock) raiseNode(ctx context.Context, i int, keys keyFamily, owner string, token uint64, ttl time.Duration) nodeReply {
-	return r.intNode(i, r.send(ctx, i, redlockRaiseScript, []string{keys.lease, keys.fence},
+	return r.intNode(i, r.send(ctx, i, redlockRaiseScript, []string{keys.Lease, keys.Fence},
 		owner, strconv.FormatUint(token, 10), r.fenceTTL(ttl).Milliseconds()))
 }
 
 func (r *Redlock) extendNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
-	return r.intNode(i, r.send(ctx, i, redlockExtendScript, []string{keys.lease, keys.fence},
+	return r.intNode(i, r.send(ctx, i, redlockExtendScript, []string{keys.Lease, keys.Fence},
 		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds()))
 }
 
@@ -679,7 +679,7 @@ func (r *Redlock) releaseNotify(ctx context.Context, i int, keys keyFamily, owne
 		publish = r.notify[i].publishCmd(ctx)
 	}
 	return r.intNode(i, r.send(ctx, i, redlockReleaseScript,
-		[]string{keys.lease, keys.fence, releasedKey(keys, owner)}, owner, mark.Milliseconds(), publish, keys.channel))
+		[]string{keys.Lease, keys.Fence, releasedKey(keys, owner)}, owner, mark.Milliseconds(), publish, keys.Channel))
 }
 
 // send runs s on master i through the write path. Redlock's masters are
