@@ -367,7 +367,7 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 		}
 		cmd, werr := c.repl.run(ctx, c.rdb, keys.Fence, setScript, []string{keys.Value, keys.Fence, keys.Writes + newOwner()},
 			env, hard.Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-			c.notify.publishCmd(ctx), keys.Channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds(), c.nearChan, keys.Hash())
+			c.notify.PublishCmd(ctx), keys.Channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds(), c.nearChan, keys.Hash())
 		if err := cmd.Err(); err != nil {
 			return err
 		}

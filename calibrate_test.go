@@ -1010,7 +1010,7 @@ func TestOnNoticeLearnsDelta(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	c := newTestCache(t, rdb, nil)
 	env := c.newEnvelope(42, []byte("v"), time.Minute, 0, 700*time.Millisecond)
-	msg := notice{payload: string(msgValue) + string(env.Encode())}
+	msg := notice{Payload: string(msgValue) + string(env.Encode())}
 	for range 3 {
 		f := &flight{c: c, key: "k", keys: mustKeys(t, "k")}
 		if heard := f.heard(msg); !heard || f.ans.err != nil || string(f.ans.val) != "v" {

@@ -37,7 +37,7 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 	sent := time.Now()
 	cmd, werr := c.runCommit(f, []string{f.keys.Value, f.keys.Lease, f.keys.Fence, f.keys.Backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
-		c.notify.publishCmd(c.ctx), f.keys.Channel, msg, msgReleased, c.nearChan, f.keys.Hash())
+		c.notify.PublishCmd(c.ctx), f.keys.Channel, msg, msgReleased, c.nearChan, f.keys.Hash())
 	c.nearWrote(f.key) // this process's near copy goes before the value reaches anyone
 	ok, err := cmd.Int()
 	if err == nil && ok == 1 && werr != nil {

@@ -304,7 +304,7 @@ func (f *flight) acquire() state {
 		// The leader this follower waited for failed (or, after a retry,
 		// a newer one did), and the message did not reach it: the failure
 		// marker tells. Unless it retries, that ends the flight.
-		if f.heard(notice{payload: r.failure}) {
+		if f.heard(notice{Payload: r.failure}) {
 			return stDone
 		}
 	}
@@ -741,7 +741,7 @@ func (f *flight) follow() state {
 	if f.caller != nil {
 		subCtx = f.caller // Begin: the subscription waits no longer than its caller
 	}
-	sub, _, serr := c.notify.subscribe(subCtx, f.keys.Channel)
+	sub, _, serr := c.notify.Subscribe(subCtx, f.keys.Channel)
 	if errors.Is(serr, ErrClosed) {
 		return f.done(nil, ErrClosed)
 	}
@@ -873,7 +873,7 @@ func (f *flight) endWait() {
 		w.limit.Stop()
 	}
 	if w.sub != nil {
-		w.sub.release()
+		w.sub.Release()
 	}
 	f.c.sig.wait(f.key, time.Since(w.start), w.end)
 	if w.traced != nil {
@@ -886,12 +886,12 @@ func (f *flight) endWait() {
 // itself (a confirmation, a release without value, a value too large to
 // send, or one it cannot decode).
 func (f *flight) heard(nt notice) bool {
-	if nt.resub || nt.payload == "" {
+	if nt.Resub || nt.Payload == "" {
 		return false
 	}
-	switch nt.payload[0] {
+	switch nt.Payload[0] {
 	case msgValue:
-		env, ok := wire.DecodeEnvelope([]byte(nt.payload[1:]))
+		env, ok := wire.DecodeEnvelope([]byte(nt.Payload[1:]))
 		if !ok || env.Fence < f.floor || (env.Pass && !f.begin()) {
 			// Unreadable, or an envelope older than the key's fence when
 			// this follower last looked (a message queued before a newer
@@ -910,7 +910,7 @@ func (f *flight) heard(nt notice) bool {
 		f.ans = envAnswer(env)
 		return true
 	case msgFailed:
-		kind, fence, text := parseFailMessage(nt.payload)
+		kind, fence, text := parseFailMessage(nt.Payload)
 		if !f.endedBy(fence) {
 			return false // another leader's failure: look again
 		}

@@ -220,7 +220,7 @@ func (l *Lease) releaseWith(ctx context.Context, msg string) (int, error) {
 func (l *Lease) releaseFailed(ctx context.Context, msg string, base, cap, marker time.Duration) (int, error) {
 	n := l.locker.notify
 	names := []string{l.keys.Lease, l.keys.Fence}
-	args := []any{l.value, n.publishCmd(ctx), l.keys.Channel, msg}
+	args := []any{l.value, n.PublishCmd(ctx), l.keys.Channel, msg}
 	if base > 0 || marker > 0 {
 		names = append(names, l.keys.Backoff, l.keys.Failed)
 		args = append(args, base.Milliseconds(), cap.Milliseconds(), marker.Milliseconds())

@@ -83,7 +83,7 @@ func (l *Locker) Close() error {
 	l.callMu.Unlock()
 	l.cancel()
 	l.calls.Wait() // calls whose callers left: each ends with its reply, or the client's timeouts
-	return l.notify.close()
+	return l.notify.Close()
 }
 
 // isClosed reports whether Close was called.
@@ -158,9 +158,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	// failed try and the subscription is then seen by the next try, and
 	// every later one arrives as a message.
 	var wake <-chan notice
-	sub, live, serr := l.notify.subscribe(ctx, keys.Channel)
+	sub, live, serr := l.notify.Subscribe(ctx, keys.Channel)
 	if sub != nil {
-		defer sub.release()
+		defer sub.Release()
 		wake = sub.C
 	}
 	if errors.Is(serr, ErrClosed) {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -250,7 +251,7 @@ func TestShardedPubSubResubscribesAfterKill(t *testing.T) {
 	looks := countAcquires(frdb)
 	follower := New(frdb, psOptions(prefix))
 	t.Cleanup(func() { leader.Close(); follower.Close() })
-	if !follower.notify.publishCmdIs(ctx, "SPUBLISH") {
+	if follower.notify.PublishCmd(ctx) != "SPUBLISH" {
 		t.Fatal("the cluster does not use sharded pub/sub")
 	}
 	k1, k2, master := clusterPair(t, direct, prefix)
@@ -359,11 +360,6 @@ func TestShardedPubSubResubscribesAfterOutputBufferLimit(t *testing.T) {
 	if got := follower.Stats().Notified - notified; got != 1 {
 		t.Errorf("after the disconnect the follow did not end by its wake-up (stats %+v)", follower.Stats())
 	}
-}
-
-// publishCmdIs reports whether the scripts publish with cmd.
-func (n *notifier) publishCmdIs(ctx context.Context, cmd string) bool {
-	return n.publishCmd(ctx) == cmd
 }
 
 // A *redis.Ring of two real servers: Locker.Acquire waits without a panic
@@ -568,9 +564,7 @@ func TestSubscribeHonoursCtx(t *testing.T) {
 		first <- err
 	}()
 	waitFor(t, 5*time.Second, "the first waiter to register", func() bool {
-		waiter.notify.mu.Lock()
-		defer waiter.notify.mu.Unlock()
-		return waiter.notify.topics[channelOf(t, prefix, "h2")] != nil
+		return slices.Contains(waiter.notify.Channels(), channelOf(t, prefix, "h2"))
 	})
 	try("h3")
 	cancelFirst()
@@ -580,9 +574,7 @@ func TestSubscribeHonoursCtx(t *testing.T) {
 		t.Error("a waiter whose ctx was cancelled did not return")
 	}
 
-	waiter.notify.mu.Lock()
-	left := len(waiter.notify.topics)
-	waiter.notify.mu.Unlock()
+	left := len(waiter.notify.Channels())
 	if left != 0 {
 		t.Errorf("%d subscriptions left registered by waiters that gave up", left)
 	}

@@ -304,7 +304,7 @@ func TestWriteRetryIsNoOp(t *testing.T) {
 			set := func(id, v string) string {
 				t.Helper()
 				n, err := setScript.rs.Run(ctx, b.rdb, []string{k.Value, k.Fence, k.Writes + id},
-					env(v), 60000, 60000, c.notify.publishCmd(ctx), k.Channel, 1<<14, 60000).Text()
+					env(v), 60000, 60000, c.notify.PublishCmd(ctx), k.Channel, 1<<14, 60000).Text()
 				if err != nil {
 					t.Fatal(err)
 				}

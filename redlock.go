@@ -286,7 +286,7 @@ func (r *Redlock) Close() error {
 	r.calls.Wait()
 	var first error
 	for _, n := range r.notify {
-		if err := n.close(); err != nil && first == nil {
+		if err := n.Close(); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -443,7 +443,7 @@ func (r *Redlock) listen(ctx context.Context, channel string, ping chan<- struct
 	for i, n := range r.notify {
 		if _, plain := r.nodes[i].(*redis.Client); plain {
 			// No I/O before the subscription is registered.
-			subs[i], lives[i], _ = n.listen(ctx, channel, ping)
+			subs[i], lives[i], _ = n.Listen(ctx, channel, ping)
 			continue
 		}
 		// A cluster or ring client may look up where the channel lives:
@@ -453,7 +453,7 @@ func (r *Redlock) listen(ctx context.Context, channel string, ping chan<- struct
 			defer wg.Done()
 			lctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			subs[i], lives[i], _ = n.listen(lctx, channel, ping)
+			subs[i], lives[i], _ = n.Listen(lctx, channel, ping)
 		}()
 	}
 	wg.Wait()
@@ -463,7 +463,7 @@ func (r *Redlock) listen(ctx context.Context, channel string, ping chan<- struct
 	return live, func() {
 		for _, s := range subs {
 			if s != nil {
-				s.release()
+				s.Release()
 			}
 		}
 	}
@@ -676,7 +676,7 @@ func (r *Redlock) releaseMarked(ctx context.Context, i int, keys keyFamily, owne
 func (r *Redlock) releaseNotify(ctx context.Context, i int, keys keyFamily, owner string, mark time.Duration, notify bool) nodeReply {
 	publish := ""
 	if notify {
-		publish = r.notify[i].publishCmd(ctx)
+		publish = r.notify[i].PublishCmd(ctx)
 	}
 	return r.intNode(i, r.send(ctx, i, redlockReleaseScript,
 		[]string{keys.Lease, keys.Fence, releasedKey(keys, owner)}, owner, mark.Milliseconds(), publish, keys.Channel))
