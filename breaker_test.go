@@ -107,7 +107,7 @@ func TestBreakerClosesAfterRefreshProbeErrorReply(t *testing.T) {
 	keys := mustKeys(t, "refreshed")
 	// A foreign value of another type at the lease key: ACQUIRE's GET of it
 	// is a WRONGTYPE error reply, an answer from a healthy Redis.
-	if err := rdb.HSet(ctx, keys.lease, "f", "v").Err(); err != nil {
+	if err := rdb.HSet(ctx, keys.Lease, "f", "v").Err(); err != nil {
 		t.Fatal(err)
 	}
 

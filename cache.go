@@ -357,7 +357,7 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 		return err
 	}
 	ttl = c.jitter(ttl)
-	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).encode()
+	env := c.newEnvelope(0, val, ttl, c.cfg.StaleFor, 0).Encode()
 	if len(tags) > 0 {
 		c.useTags()
 	}
@@ -367,14 +367,14 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 			// The index must cover the value from before it is written
 			// until after it expires: the value's PX counts from now.
 			deadline := time.Now().Add(hard)
-			if _, err := c.recordTags(ctx, keys.hash(), tags, hard, nil, c.cfg.MaxTagEntries); err != nil {
+			if _, err := c.recordTags(ctx, keys.Hash(), tags, hard, nil, c.cfg.MaxTagEntries); err != nil {
 				return err
 			}
 			hard = max(time.Until(deadline), time.Millisecond)
 		}
-		cmd, werr := c.repl.run(ctx, c.rdb, keys.fence, setScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
+		cmd, werr := c.repl.run(ctx, c.rdb, keys.Fence, setScript, []string{keys.Value, keys.Fence, keys.Writes + newOwner()},
 			env, hard.Milliseconds(), c.fenceTTL(ttl).Milliseconds(),
-			c.notify.publishCmd(ctx), keys.channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
+			c.notify.PublishCmd(ctx), keys.Channel, c.cfg.NotifyMaxBytes, writeMarkerTTL.Milliseconds(), c.nearChan, keys.Hash())
 		if err := cmd.Err(); err != nil {
 			return err
 		}
@@ -402,8 +402,8 @@ func (c *Cache) Invalidate(ctx context.Context, key string) error {
 		return err
 	}
 	err = c.untilDone(ctx, key, func() error {
-		cmd, werr := c.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, keys.writes + newOwner()},
-			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
+		cmd, werr := c.repl.run(ctx, c.rdb, keys.Fence, invalidateScript, []string{keys.Value, keys.Fence, keys.Writes + newOwner()},
+			c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds(), c.nearChan, keys.Hash())
 		if err := cmd.Err(); err != nil {
 			return err
 		}

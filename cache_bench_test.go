@@ -24,7 +24,7 @@ func BenchmarkHit(b *testing.B) {
 	if err := c.Set(ctx, "hit", payload, time.Hour); err != nil {
 		b.Fatal(err)
 	}
-	if err := rdb.Set(ctx, "raw", (&envelope{payload: payload}).encode(), time.Hour).Err(); err != nil {
+	if err := rdb.Set(ctx, "raw", (&envelope{Payload: payload}).Encode(), time.Hour).Err(); err != nil {
 		b.Fatal(err)
 	}
 	fail := func(context.Context) ([]byte, error) { panic("a hit called the loader") }
@@ -180,7 +180,7 @@ func BenchmarkHitRatio(b *testing.B) {
 	if err := c.Set(bg, "hit", payload, time.Hour); err != nil {
 		b.Fatal(err)
 	}
-	if err := rdb.Set(bg, "raw", (&envelope{payload: payload}).encode(), time.Hour).Err(); err != nil {
+	if err := rdb.Set(bg, "raw", (&envelope{Payload: payload}).Encode(), time.Hour).Err(); err != nil {
 		b.Fatal(err)
 	}
 	fail := func(context.Context) ([]byte, error) { panic("a hit called the loader") }

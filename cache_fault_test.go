@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -68,7 +69,7 @@ func TestCacheRedisDownFailOpen(t *testing.T) {
 	// breaker and values are stored again.
 	waitFor(t, 5*time.Second, "the cache to store values again", func() bool {
 		_, err := c.Get(ctx, "back", time.Minute, slow)
-		return err == nil && rdb.Exists(ctx, mustKeys(t, "back").value).Val() == 1
+		return err == nil && rdb.Exists(ctx, mustKeys(t, "back").Value).Val() == 1
 	})
 	before := calls.Load()
 	for range 3 {
@@ -146,7 +147,7 @@ func TestCachePubSubKilled(t *testing.T) {
 		}()
 	}
 	b := backend{name: "redis", rdb: admin}
-	waitSubscribedTB(t, b, mustKeys(t, key).channel, n)
+	waitSubscribedTB(t, b, mustKeys(t, key).Channel, n)
 	killed, err := admin.ClientKillByFilter(ctx, "TYPE", "pubsub").Result()
 	if err != nil || killed < n {
 		t.Fatalf("CLIENT KILL TYPE pubsub killed %d (%v), want %d", killed, err, n)
@@ -218,7 +219,7 @@ func TestCachePrematureLeaseExpiry(t *testing.T) {
 		close(aDone)
 	}()
 	ga.waitEntered(t)
-	if err := rdb.Del(ctx, keys.lease).Err(); err != nil {
+	if err := rdb.Del(ctx, keys.Lease).Err(); err != nil {
 		t.Fatal(err)
 	}
 	var calls atomic.Int64
@@ -230,12 +231,12 @@ func TestCachePrematureLeaseExpiry(t *testing.T) {
 	if s := a.Stats(); s.Fenced != 1 {
 		t.Errorf("A's Stats.Fenced = %d, want 1", s.Fenced)
 	}
-	env, ok := decodeEnvelope([]byte(rdb.Get(ctx, keys.value).Val()))
-	if !ok || string(env.payload) != "from B" {
-		t.Fatalf("stored value = %q (ok %v), want B's", env.payload, ok)
+	env, ok := wire.DecodeEnvelope([]byte(rdb.Get(ctx, keys.Value).Val()))
+	if !ok || string(env.Payload) != "from B" {
+		t.Fatalf("stored value = %q (ok %v), want B's", env.Payload, ok)
 	}
-	if n, _ := rdb.HGet(ctx, keys.fence, "n").Uint64(); env.fence != n {
-		t.Errorf("stored fence %d, want the highest issued %d", env.fence, n)
+	if n, _ := rdb.HGet(ctx, keys.Fence, "n").Uint64(); env.Fence != n {
+		t.Errorf("stored fence %d, want the highest issued %d", env.Fence, n)
 	}
 }
 
@@ -266,9 +267,9 @@ func TestCacheRedisRestartMidRebuild(t *testing.T) {
 	close(ga.gate)
 	<-aDone
 	rdb := srv.Client(t)
-	env, ok := decodeEnvelope([]byte(rdb.Get(ctx, keys.value).Val()))
-	if !ok || string(env.payload) != "from B" {
-		t.Fatalf("stored value = %q (ok %v), want B's", env.payload, ok)
+	env, ok := wire.DecodeEnvelope([]byte(rdb.Get(ctx, keys.Value).Val()))
+	if !ok || string(env.Payload) != "from B" {
+		t.Fatalf("stored value = %q (ok %v), want B's", env.Payload, ok)
 	}
 	if s := a.Stats(); s.Fenced+s.CommitErrors != 1 {
 		t.Errorf("A's commit: Stats = %+v, want it fenced", s)

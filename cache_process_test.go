@@ -346,21 +346,21 @@ func (w *cpWorker) subscribers(ctx context.Context, key string) (int64, error) {
 	}
 	var m map[string]int64
 	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
-		master, err := cc.MasterForKey(ctx, keys.channel)
+		master, err := cc.MasterForKey(ctx, keys.Channel)
 		if err != nil {
 			return 0, err
 		}
-		m, err = master.PubSubShardNumSub(ctx, keys.channel).Result()
+		m, err = master.PubSubShardNumSub(ctx, keys.Channel).Result()
 		if err != nil {
 			return 0, err
 		}
 	} else {
-		m, err = w.rdb.PubSubNumSub(ctx, keys.channel).Result()
+		m, err = w.rdb.PubSubNumSub(ctx, keys.Channel).Result()
 		if err != nil {
 			return 0, err
 		}
 	}
-	return m[keys.channel], nil
+	return m[keys.Channel], nil
 }
 
 // waitFollowers is a loader's hook: it waits until every other process

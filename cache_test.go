@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -237,7 +238,7 @@ func testLoaderPanic(t *testing.T, b backend) {
 			t.Errorf("caller: got %v, want ErrLoadFailed wrapping a *PanicError(boom) with a stack", err)
 		}
 	}
-	if n := b.rdb.Exists(context.Background(), keys.lease).Val(); n != 0 {
+	if n := b.rdb.Exists(context.Background(), keys.Lease).Val(); n != 0 {
 		t.Errorf("lease key still exists after the panic")
 	}
 	if v, err := c.Get(context.Background(), key, time.Minute, constLoader(&calls, "ok")); err != nil || string(v) != "ok" {
@@ -282,7 +283,7 @@ func testLoaderBlackholed(t *testing.T, b backend) {
 	if d := time.Since(start); d > 5*timeout {
 		t.Errorf("caller returned after %v, want about LoadTimeout (%v)", d, timeout)
 	}
-	if n := b.rdb.Exists(context.Background(), keys.lease).Val(); n != 0 {
+	if n := b.rdb.Exists(context.Background(), keys.Lease).Val(); n != 0 {
 		t.Errorf("lease key still exists after the load timed out")
 	}
 	if v, err := c.Get(context.Background(), key, time.Minute, constLoader(&calls, "ok")); err != nil || string(v) != "ok" || calls.Load() != 2 {
@@ -331,7 +332,7 @@ func testInvalidateDuringRebuild(t *testing.T, b backend) {
 	if v := <-done; string(v) != "stale" {
 		t.Errorf("the leader's own callers got %q, want its value %q", v, "stale")
 	}
-	if n := b.rdb.Exists(ctx, keys.value).Val(); n != 0 {
+	if n := b.rdb.Exists(ctx, keys.Value).Val(); n != 0 {
 		t.Errorf("a value from before the Invalidate was stored")
 	}
 	if s := c.Stats(); s.Fenced != 1 {
@@ -364,8 +365,8 @@ func testSetDuringRebuild(t *testing.T, b backend) {
 	if v, err := c.Get(ctx, key, time.Minute, constLoader(&calls, "loaded")); err != nil || string(v) != "set" || calls.Load() != 0 {
 		t.Errorf("Get after Set = (%q, %v), calls %d; want the Set value without a load", v, err, calls.Load())
 	}
-	env, ok := decodeEnvelope([]byte(b.rdb.Get(ctx, mustKeys(t, key).value).Val()))
-	if !ok || env.fence == 0 {
+	env, ok := wire.DecodeEnvelope([]byte(b.rdb.Get(ctx, mustKeys(t, key).Value).Val()))
+	if !ok || env.Fence == 0 {
 		t.Errorf("stored envelope %+v: want an intact envelope stamped with Set's fence", env)
 	}
 }
@@ -475,18 +476,18 @@ func testCorruptValue(t *testing.T, b backend) {
 	c := newTestCache(t, b.rdb, nil)
 	ctx := context.Background()
 	var calls atomic.Int64
-	good := (&envelope{softExp: time.Now().Add(time.Hour), payload: []byte("payload")}).encode()
+	good := (&envelope{SoftExp: time.Now().Add(time.Hour), Payload: []byte("payload")}).Encode()
 	flipped := bytes.Clone(good)
 	flipped[len(flipped)-1] ^= 0x01
 	for i, bad := range []func(key string) error{
 		func(k string) error { return b.rdb.Set(ctx, k, "not an envelope", 0).Err() },
-		func(k string) error { return b.rdb.Set(ctx, k, good[:envelopeHeader-1], 0).Err() },
+		func(k string) error { return b.rdb.Set(ctx, k, good[:wire.EnvelopeHeader-1], 0).Err() },
 		func(k string) error { return b.rdb.Set(ctx, k, flipped, 0).Err() },
 		func(k string) error { return b.rdb.Set(ctx, k, append([]byte{9}, good[1:]...), 0).Err() },
 		func(k string) error { return b.rdb.HSet(ctx, k, "f", "v").Err() }, // wrong type
 	} {
 		key := fmt.Sprintf("%s-%d", testKey(t), i)
-		if err := bad(mustKeys(t, key).value); err != nil {
+		if err := bad(mustKeys(t, key).Value); err != nil {
 			t.Fatal(err)
 		}
 		v, err := c.Get(ctx, key, time.Minute, constLoader(&calls, "rebuilt"))
@@ -560,7 +561,7 @@ func testCacheBadInput(t *testing.T, b backend) {
 	if calls.Load() != 0 {
 		t.Errorf("the loader ran %d times for invalid calls", calls.Load())
 	}
-	if n := b.rdb.Exists(ctx, mustKeys(t, testKey(t)).value).Val(); n != 0 {
+	if n := b.rdb.Exists(ctx, mustKeys(t, testKey(t)).Value).Val(); n != 0 {
 		t.Errorf("a value over MaxValueBytes was stored")
 	}
 	if err := c.Set(ctx, "k", make([]byte, 2048), time.Minute); !errors.Is(err, ErrValueTooLarge) {
@@ -622,7 +623,7 @@ func testFollowersAcrossCaches(t *testing.T, b backend) {
 	var counting atomic.Bool
 	counting.Store(true)
 	defer counting.Store(false)
-	lease := mustKeys(t, key).lease
+	lease := mustKeys(t, key).Lease
 	b.rdb.AddHook(cmdHook{after: func(cmd redis.Cmder) {
 		if counting.Load() && cmd.Err() == nil && isAcquireCmd(cmd) && slices.Contains(cmd.Args(), any(lease)) {
 			acquired.Add(1)
@@ -664,7 +665,7 @@ func testFollowersAcrossCaches(t *testing.T, b backend) {
 		}
 		return n == 3
 	})
-	waitSubscribedTB(t, b, mustKeys(t, key).channel, 3)
+	waitSubscribedTB(t, b, mustKeys(t, key).Channel, 3)
 	waitFor(t, 5*time.Second, "followers to look again after subscribing", func() bool {
 		return acquired.Load() >= 1+3*3 // the leader's, then each follower's three
 	})
@@ -740,7 +741,7 @@ func testFollowerFallback(t *testing.T, b backend) {
 	if s := localFollower.Stats(); s.WaitTimeouts != 1 || s.LocalLoads != 1 {
 		t.Errorf("Stats = %+v, want one wait timeout and one local load", s)
 	}
-	if n := b.rdb.Exists(ctx, mustKeys(t, key).value).Val(); n != 0 {
+	if n := b.rdb.Exists(ctx, mustKeys(t, key).Value).Val(); n != 0 {
 		t.Errorf("the local fallback load was stored; it holds no lease and must not write")
 	}
 }

@@ -267,7 +267,7 @@ func (c *Cache) observeLoad(f *flight, fence uint64, d time.Duration, err error)
 	if err != nil && !errors.Is(err, ErrNotFound) {
 		return
 	}
-	c.calib.observeRebuild(f.keys.value, f.key, c.cfg.classLabel, fence, d)
+	c.calib.observeRebuild(f.keys.Value, f.key, c.cfg.classLabel, fence, d)
 }
 
 // observeDelta records the rebuild time Δ of an envelope of f's key that
@@ -278,7 +278,7 @@ func (c *Cache) observeLoad(f *flight, fence uint64, d time.Duration, err error)
 // name (whatever the key's length) and one atomic load, and never
 // allocates.
 func (c *Cache) observeDelta(f *flight, fence uint64, delta time.Duration) {
-	c.calib.observeRebuild(f.keys.value, f.key, c.cfg.classLabel, fence, delta)
+	c.calib.observeRebuild(f.keys.Value, f.key, c.cfg.classLabel, fence, delta)
 }
 
 // observeRebuild records a rebuild of key, by the writer that held fence,

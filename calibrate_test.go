@@ -19,6 +19,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -882,15 +883,15 @@ func TestCalibrationLearnsDeltaFromOtherCache(t *testing.T) {
 	defer cancel()
 	storedDelta := func(t *testing.T, key string) time.Duration {
 		t.Helper()
-		raw, err := rdb.Get(ctx, mustKeys(t, key).value).Bytes()
+		raw, err := rdb.Get(ctx, mustKeys(t, key).Value).Bytes()
 		if err != nil {
 			t.Fatal(err)
 		}
-		env, ok := decodeEnvelope(raw)
-		if !ok || env.delta <= 0 {
-			t.Fatalf("stored envelope: ok %v, Δ %v; want an envelope with Δ", ok, env.delta)
+		env, ok := wire.DecodeEnvelope(raw)
+		if !ok || env.Delta <= 0 {
+			t.Fatalf("stored envelope: ok %v, Δ %v; want an envelope with Δ", ok, env.Delta)
 		}
-		return env.delta
+		return env.Delta
 	}
 	// learned checks that class holds exactly the rebuilds with durations
 	// ds (weights 1, decay, decay², ... from the latest).
@@ -951,7 +952,7 @@ func TestCalibrationLearnsDeltaFromOtherCache(t *testing.T) {
 		g.waitEntered(t)
 		go func() { v, err := c2.Get(ctx, key, time.Minute, fail); follower <- result{v, err} }()
 		waitFor(t, 5*time.Second, "the second Cache to follow", func() bool { return c2.Stats().Waits == 1 })
-		waitSubscribedTB(t, b, mustKeys(t, key).channel, 1)
+		waitSubscribedTB(t, b, mustKeys(t, key).Channel, 1)
 		close(g.gate)
 		for name, ch := range map[string]chan result{"leader": leader, "follower": follower} {
 			if r := <-ch; r.err != nil || string(r.val) != "v" {
@@ -1009,7 +1010,7 @@ func TestOnNoticeLearnsDelta(t *testing.T) {
 	t.Cleanup(func() { rdb.Close() })
 	c := newTestCache(t, rdb, nil)
 	env := c.newEnvelope(42, []byte("v"), time.Minute, 0, 700*time.Millisecond)
-	msg := notice{payload: string(msgValue) + string(env.encode())}
+	msg := notice{Payload: string(msgValue) + string(env.Encode())}
 	for range 3 {
 		f := &flight{c: c, key: "k", keys: mustKeys(t, "k")}
 		if heard := f.heard(msg); !heard || f.ans.err != nil || string(f.ans.val) != "v" {
@@ -1049,10 +1050,10 @@ func BenchmarkObserveDeltaCounted(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Run(strconv.Itoa(len(key))+"B", func(b *testing.B) {
-			c.observeRebuild(keys.value, key, nil, 9, time.Second)
+			c.observeRebuild(keys.Value, key, nil, 9, time.Second)
 			b.ReportAllocs()
 			for b.Loop() {
-				c.observeRebuild(keys.value, key, nil, 9, time.Second)
+				c.observeRebuild(keys.Value, key, nil, 9, time.Second)
 			}
 		})
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/herdkit/herd/internal/faultproxy"
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -40,7 +41,7 @@ func TestLockerClosedRefusesCalls(t *testing.T) {
 	if lease, err := l.Acquire(ctx, "free", time.Minute); !errors.Is(err, ErrClosed) || lease != nil {
 		t.Errorf("Acquire of a free key after Close = (%v, %v), want ErrClosed", lease, err)
 	}
-	if n := rdb.Exists(ctx, mustKeys(t, "free").lease).Val(); n != 0 {
+	if n := rdb.Exists(ctx, mustKeys(t, "free").Lease).Val(); n != 0 {
 		t.Errorf("a call after Close took a lease in Redis")
 	}
 	// The lease handed out before Close is still its holder's.
@@ -50,7 +51,7 @@ func TestLockerClosedRefusesCalls(t *testing.T) {
 	if err := held.Release(ctx); err != nil {
 		t.Errorf("Release after Close: %v, want nil", err)
 	}
-	if n := rdb.Exists(ctx, mustKeys(t, "held").lease).Val(); n != 0 {
+	if n := rdb.Exists(ctx, mustKeys(t, "held").Lease).Val(); n != 0 {
 		t.Errorf("Release after Close left the lease in Redis")
 	}
 	if err := l.Close(); err != nil {
@@ -117,7 +118,7 @@ func TestCacheClosedRefusesCalls(t *testing.T) {
 	if err := fill.Commit([]byte("late"), time.Minute, 0); err != nil {
 		t.Errorf("Commit of a Fill Close aborted: %v, want nil (a no-op)", err)
 	}
-	if n := rdb.Exists(ctx, mustKeys(t, "filled").value, mustKeys(t, "filled").lease).Val(); n != 0 {
+	if n := rdb.Exists(ctx, mustKeys(t, "filled").Value, mustKeys(t, "filled").Lease).Val(); n != 0 {
 		t.Errorf("after Close and a late Commit, %d of the Fill's value and lease keys exist, want 0", n)
 	}
 	loads := 0
@@ -153,10 +154,10 @@ func TestCacheClosedRefusesCalls(t *testing.T) {
 		t.Errorf("a loader ran %d times after Close", loads)
 	}
 	// Neither Set nor Invalidate touched Redis.
-	b, err := rdb.Get(ctx, mustKeys(t, "k").value).Bytes()
-	env, ok := decodeEnvelope(b)
-	if err != nil || !ok || string(env.payload) != "before" {
-		t.Errorf("the value after Close is (%q, %v), want the one Set before Close", env.payload, err)
+	b, err := rdb.Get(ctx, mustKeys(t, "k").Value).Bytes()
+	env, ok := wire.DecodeEnvelope(b)
+	if err != nil || !ok || string(env.Payload) != "before" {
+		t.Errorf("the value after Close is (%q, %v), want the one Set before Close", env.Payload, err)
 	}
 }
 

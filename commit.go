@@ -18,8 +18,8 @@ import (
 // tags is recorded in their indexes first, and not stored when a purge of
 // one of them may have come after the load began (see tags.go).
 func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Time, writes uint64, tags tagging) currency {
-	b := env.encode()
-	ttl := env.staleExp.Sub(env.writtenAt) // the hard TTL in Redis
+	b := env.Encode()
+	ttl := env.StaleExp.Sub(env.WrittenAt) // the hard TTL in Redis
 	if tags.any() {
 		// The index must cover the value until it expires: its PX counts
 		// from now, not from the COMMIT.
@@ -35,9 +35,9 @@ func (c *Cache) commit(f *flight, lease *Lease, env *envelope, loadStart time.Ti
 	}
 	traced := c.sig.startCommit(f, lease)
 	sent := time.Now()
-	cmd, werr := c.runCommit(f, []string{f.keys.value, f.keys.lease, f.keys.fence, f.keys.backoff},
+	cmd, werr := c.runCommit(f, []string{f.keys.Value, f.keys.Lease, f.keys.Fence, f.keys.Backoff},
 		strconv.FormatUint(lease.token, 10), b, ttl.Milliseconds(), lease.value,
-		c.notify.publishCmd(c.ctx), f.keys.channel, msg, msgReleased, c.nearChan, f.keys.hash())
+		c.notify.PublishCmd(c.ctx), f.keys.Channel, msg, msgReleased, c.nearChan, f.keys.Hash())
 	c.nearWrote(f.key) // this process's near copy goes before the value reaches anyone
 	ok, err := cmd.Int()
 	if err == nil && ok == 1 && werr != nil {
@@ -144,11 +144,11 @@ func (b *commitBatch) flush() {
 func (c *Cache) runCommit(f *flight, keys []string, args ...any) (*redis.Cmd, error) {
 	if b := f.commits; b != nil {
 		f.commits = nil
-		return b.run(f.keys.fence, keys, args)
+		return b.run(f.keys.Fence, keys, args)
 	}
 	ctx, cancel := c.commitCtx()
 	defer cancel()
-	return c.repl.run(ctx, c.rdb, f.keys.fence, commitScript, keys, args...)
+	return c.repl.run(ctx, c.rdb, f.keys.Fence, commitScript, keys, args...)
 }
 
 // commitCtx is the context of a COMMIT about to be sent: detached from

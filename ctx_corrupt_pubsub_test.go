@@ -207,15 +207,15 @@ func TestCorruptKeysAreAMissAndOverwritten(t *testing.T) {
 		apply func(k keyFamily) error
 	}
 	cases := []corruption{
-		{"value/garbage-bytes", func(k keyFamily) error { return direct.Set(ctx, k.value, "\x00garbage", 0).Err() }},
-		{"value/wrong-type-hash", func(k keyFamily) error { return direct.HSet(ctx, k.value, "a", "b").Err() }},
-		{"value/wrong-type-list", func(k keyFamily) error { return direct.RPush(ctx, k.value, "a").Err() }},
-		{"fence/garbage-string", func(k keyFamily) error { return direct.Set(ctx, k.fence, "garbage", 0).Err() }},
-		{"fence/hash-non-numeric", func(k keyFamily) error { return direct.HSet(ctx, k.fence, "n", "not-a-number", "r", "x").Err() }},
-		{"fence/wrong-type-list", func(k keyFamily) error { return direct.RPush(ctx, k.fence, "a").Err() }},
-		{"lease/wrong-type-hash", func(k keyFamily) error { return direct.HSet(ctx, k.lease, "a", "b").Err() }},
-		{"failed/garbage", func(k keyFamily) error { return direct.Set(ctx, k.failed, "garbage-no-separator", time.Minute).Err() }},
-		{"backoff/wrong-type", func(k keyFamily) error { return direct.RPush(ctx, k.backoff, "a").Err() }},
+		{"value/garbage-bytes", func(k keyFamily) error { return direct.Set(ctx, k.Value, "\x00garbage", 0).Err() }},
+		{"value/wrong-type-hash", func(k keyFamily) error { return direct.HSet(ctx, k.Value, "a", "b").Err() }},
+		{"value/wrong-type-list", func(k keyFamily) error { return direct.RPush(ctx, k.Value, "a").Err() }},
+		{"fence/garbage-string", func(k keyFamily) error { return direct.Set(ctx, k.Fence, "garbage", 0).Err() }},
+		{"fence/hash-non-numeric", func(k keyFamily) error { return direct.HSet(ctx, k.Fence, "n", "not-a-number", "r", "x").Err() }},
+		{"fence/wrong-type-list", func(k keyFamily) error { return direct.RPush(ctx, k.Fence, "a").Err() }},
+		{"lease/wrong-type-hash", func(k keyFamily) error { return direct.HSet(ctx, k.Lease, "a", "b").Err() }},
+		{"failed/garbage", func(k keyFamily) error { return direct.Set(ctx, k.Failed, "garbage-no-separator", time.Minute).Err() }},
+		{"backoff/wrong-type", func(k keyFamily) error { return direct.RPush(ctx, k.Backoff, "a").Err() }},
 	}
 	for _, cs := range cases {
 		t.Run(cs.name, func(t *testing.T) {
@@ -266,7 +266,7 @@ func TestOneCorruptKeyDoesNotTripTheBreakerForAll(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := direct.RPush(ctx, bad.fence, "foreign").Err(); err != nil {
+	if err := direct.RPush(ctx, bad.Fence, "foreign").Err(); err != nil {
 		t.Fatal(err)
 	}
 	for range 6 {
@@ -645,7 +645,7 @@ func mustChannel(t *testing.T, prefix, key string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return k.channel
+	return k.Channel
 }
 
 // TestRingWakeUpsAfterAShardGoesDown attacks docs/guarantees.md "Redis Ring" ("A Ring

@@ -225,7 +225,7 @@ func TestReadYourWritesWakeUpQueuedBeforeInvalidate(t *testing.T) {
 		f1Done <- err
 	}()
 	waitFor(t, 5*time.Second, "A to subscribe to the key's channel", func() bool {
-		return r.direct.PubSubNumSub(ctx, keys.channel).Val()[keys.channel] == 1 && a.Stats().Waits == 1
+		return r.direct.PubSubNumSub(ctx, keys.Channel).Val()[keys.Channel] == 1 && a.Stats().Waits == 1
 	})
 
 	const hold = 2500 * time.Millisecond
@@ -386,7 +386,7 @@ func TestRetriedWriteIsNoOpAfterLostReply(t *testing.T) {
 			waitFor(t, 10*time.Second, "the first run of A's write", func() bool {
 				env, ok := r.stored(key)
 				if write == "Set" {
-					return ok && string(env.payload) == "v-old"
+					return ok && string(env.Payload) == "v-old"
 				}
 				return !ok
 			})
@@ -402,11 +402,11 @@ func TestRetriedWriteIsNoOpAfterLostReply(t *testing.T) {
 				t.Fatal("the reply was not dropped")
 			}
 			env, ok := r.stored(key)
-			if !ok || string(env.payload) != "v-new" {
-				t.Fatalf("after A's retried %s the stored value is (%q, %v), want the newer v-new", write, env.payload, ok)
+			if !ok || string(env.Payload) != "v-new" {
+				t.Fatalf("after A's retried %s the stored value is (%q, %v), want the newer v-new", write, env.Payload, ok)
 			}
-			if n, _ := r.direct.HGet(ctx, keys.fence, "n").Uint64(); env.fence != n {
-				t.Errorf("stored fence %d, counter %d", env.fence, n)
+			if n, _ := r.direct.HGet(ctx, keys.Fence, "n").Uint64(); env.Fence != n {
+				t.Errorf("stored fence %d, counter %d", env.Fence, n)
 			}
 			r.proxy.SetLatency(faultproxy.Upstream, 0)
 			r.finish()
@@ -450,7 +450,7 @@ func TestDefaultWaitAfterTakeover(t *testing.T) {
 		v, err := a.Get(ctx, key, time.Minute, func(context.Context) ([]byte, error) {
 			loads.Add(1)
 			if f := fill2.Load(); f != nil {
-				cur, _ := r.direct.Get(ctx, keys.lease).Result()
+				cur, _ := r.direct.Get(ctx, keys.Lease).Result()
 				holderAlive.Store(cur == f.lease.value)
 			}
 			return []byte("v-A"), nil
@@ -458,7 +458,7 @@ func TestDefaultWaitAfterTakeover(t *testing.T) {
 		xDone <- result{val: v, err: err}
 	}()
 	waitFor(t, 5*time.Second, "A to follow L1", func() bool {
-		return a.Stats().Waits == 1 && r.direct.PubSubNumSub(ctx, keys.channel).Val()[keys.channel] == 1
+		return a.Stats().Waits == 1 && r.direct.PubSubNumSub(ctx, keys.Channel).Val()[keys.Channel] == 1
 	})
 	time.Sleep(maxHold * 3 / 4) // not a timing assertion: L1 is still within its MaxHold
 
@@ -544,7 +544,7 @@ func TestReadYourWritesNotFoundMessage(t *testing.T) {
 				if bk.cluster {
 					return a.Stats().Waits == 1
 				}
-				return a.Stats().Waits == 1 && direct.PubSubNumSub(ctx, keys.channel).Val()[keys.channel] == 1
+				return a.Stats().Waits == 1 && direct.PubSubNumSub(ctx, keys.Channel).Val()[keys.Channel] == 1
 			})
 			close(x.gate)
 			<-xDone
@@ -585,7 +585,7 @@ func TestStuckFillDoesNotBlockLocalBegins(t *testing.T) {
 	}
 	defer stuck.Abort(nil) // the builder returns at the end of the test
 	waitFor(t, maxHold+5*attackLease, "the stuck Fill's lease to lapse after MaxHold", func() bool {
-		return direct.Exists(ctx, keys.lease).Val() == 0
+		return direct.Exists(ctx, keys.Lease).Val() == 0
 	})
 
 	// The holder is gone: another process takes over at once.

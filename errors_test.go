@@ -41,7 +41,7 @@ func attackErrFollow(t *testing.T, c *Cache, key string) (res <-chan error, call
 func attackErrLeaseHeld(t *testing.T, rdb *redis.Client, key string) bool {
 	t.Helper()
 	keys, _ := makeKeys(DefaultPrefix, key)
-	n, err := rdb.Exists(context.Background(), keys.lease).Result()
+	n, err := rdb.Exists(context.Background(), keys.Lease).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,6 +76,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -474,15 +475,15 @@ func checkUndone(t *testing.T, m *redistest.Server, acked map[string]string) int
 	for key, vs := range acked {
 		want, _ := strconv.ParseInt(vs, 10, 64)
 		keys, _ := makeKeys(DefaultPrefix, key)
-		b, err := c.Get(context.Background(), keys.value).Bytes()
+		b, err := c.Get(context.Background(), keys.Value).Bytes()
 		if err != nil {
 			continue // no value: the next Get loads the source
 		}
-		env, ok := decodeEnvelope(b)
+		env, ok := wire.DecodeEnvelope(b)
 		if !ok {
 			continue
 		}
-		if got, _ := strconv.ParseInt(string(env.payload), 10, 64); got < want {
+		if got, _ := strconv.ParseInt(string(env.Payload), 10, 64); got < want {
 			t.Logf("undone: %s holds version %d on the new master, %d was acknowledged before the failover", key, got, want)
 			n++
 		}
@@ -500,9 +501,9 @@ func checkFencedUndone(t *testing.T, m *redistest.Server, acked map[string]strin
 	for key, ts := range acked {
 		want, _ := strconv.ParseUint(ts, 10, 64)
 		keys, _ := makeKeys("fdown", key)
-		top, err := c.HGet(context.Background(), keys.record, "t").Uint64()
+		top, err := c.HGet(context.Background(), keys.Record, "t").Uint64()
 		if err != nil && !errors.Is(err, redis.Nil) {
-			t.Fatalf("HGET %s on the master: %v", keys.record, err)
+			t.Fatalf("HGET %s on the master: %v", keys.Record, err)
 		}
 		if top < want {
 			t.Logf("undone: the fenced record %s has fence %d on the master, token %d was acknowledged", key, top, want)
@@ -645,7 +646,7 @@ func checkFailoverHistories(t *testing.T, dir string, procs int, windows []foWin
 			continue
 		}
 		keys, _ := makeKeys(DefaultPrefix, key)
-		n, err := mc.Exists(context.Background(), keys.value).Result()
+		n, err := mc.Exists(context.Background(), keys.Value).Result()
 		if err != nil {
 			t.Fatalf("EXISTS on the final master: %v", err)
 		}

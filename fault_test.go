@@ -38,6 +38,7 @@ import (
 	"github.com/herdkit/herd/internal/faultproxy"
 	"github.com/herdkit/herd/internal/lease"
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
@@ -252,11 +253,11 @@ func version(val []byte) int64 {
 // stored returns the envelope stored for key (ok false when there is none).
 func (r *faultRig) stored(key string) (envelope, bool) {
 	keys, _ := makeKeys(DefaultPrefix, key)
-	b, err := r.direct.Get(context.Background(), keys.value).Bytes()
+	b, err := r.direct.Get(context.Background(), keys.Value).Bytes()
 	if err != nil {
 		return envelope{}, false
 	}
-	return decodeEnvelope(b)
+	return wire.DecodeEnvelope(b)
 }
 
 // checkStored asserts that key holds a value with version want whose
@@ -268,12 +269,12 @@ func (r *faultRig) checkStored(key string, want int64) {
 		r.t.Errorf("%s: no value stored, want version %d", key, want)
 		return
 	}
-	if got := version(env.payload); got != want {
-		r.t.Errorf("%s: stored version %d (%q), want %d", key, got, env.payload, want)
+	if got := version(env.Payload); got != want {
+		r.t.Errorf("%s: stored version %d (%q), want %d", key, got, env.Payload, want)
 	}
 	keys, _ := makeKeys(DefaultPrefix, key)
-	if n, _ := r.direct.HGet(context.Background(), keys.fence, "n").Uint64(); env.fence != n {
-		r.t.Errorf("%s: stored fence %d, want the highest issued %d", key, env.fence, n)
+	if n, _ := r.direct.HGet(context.Background(), keys.Fence, "n").Uint64(); env.Fence != n {
+		r.t.Errorf("%s: stored fence %d, want the highest issued %d", key, env.Fence, n)
 	}
 }
 
@@ -302,21 +303,21 @@ func (r *faultRig) watch(key string) *monitor {
 				return
 			case <-tick.C:
 			}
-			b, err := rdb.Get(context.Background(), keys.value).Bytes()
+			b, err := rdb.Get(context.Background(), keys.Value).Bytes()
 			if err != nil {
 				continue // a miss, or Redis away
 			}
-			env, ok := decodeEnvelope(b)
+			env, ok := wire.DecodeEnvelope(b)
 			if !ok {
 				m.violations = append(m.violations, fmt.Sprintf("corrupt envelope stored: %q", b))
 				continue
 			}
 			m.samples++
-			v := version(env.payload)
-			if env.fence < fence || v < ver {
-				m.violations = append(m.violations, fmt.Sprintf("stored (fence %d, version %d) after (fence %d, version %d)", env.fence, v, fence, ver))
+			v := version(env.Payload)
+			if env.Fence < fence || v < ver {
+				m.violations = append(m.violations, fmt.Sprintf("stored (fence %d, version %d) after (fence %d, version %d)", env.Fence, v, fence, ver))
 			}
-			fence, ver = max(fence, env.fence), max(ver, v)
+			fence, ver = max(fence, env.Fence), max(ver, v)
 		}
 	}()
 	return m
@@ -706,7 +707,7 @@ func TestFaultLostReply(t *testing.T) {
 		key := "lost-release"
 		fault := r.proxy.DropReply([]byte(releaseScript.rs.Hash()))
 		followed := make(chan result, 1)
-		channel := mustKeys(t, key).channel
+		channel := mustKeys(t, key).Channel
 		failing := func(context.Context) ([]byte, error) {
 			go func() {
 				t0 := time.Now()
@@ -737,7 +738,7 @@ func TestFaultLostReply(t *testing.T) {
 			t.Errorf("follower: %v after %v, want ErrLoadFailed well within a lease (woken, not waiting out the lease)", f.err, f.dur)
 		}
 		keys := mustKeys(t, key)
-		if n := r.direct.Exists(ctx, keys.lease).Val(); n != 0 {
+		if n := r.direct.Exists(ctx, keys.Lease).Val(); n != 0 {
 			t.Errorf("the lease is still held after the retried release")
 		}
 		t0 = time.Now()
@@ -983,7 +984,7 @@ func TestFaultRedisPaused(t *testing.T) {
 		t.Errorf("leader: commitErrors=%d, want 1 (its commit timed out)", s.CommitErrors)
 	}
 	env, ok := r.stored(key)
-	t.Logf("stored after the pause: %q (ok %v); loads %d; leader %s; follower %s", env.payload, ok, r.loadCount(key), cpStatsLine(a.Stats()), cpStatsLine(b.Stats()))
+	t.Logf("stored after the pause: %q (ok %v); loads %d; leader %s; follower %s", env.Payload, ok, r.loadCount(key), cpStatsLine(a.Stats()), cpStatsLine(b.Stats()))
 	r.recoverWave([]*Cache{a, b, closed}, to, "")
 	r.finish()
 }
@@ -1057,7 +1058,7 @@ func TestFaultDelayedWrite(t *testing.T) {
 		r.proxy.SetLatency(faultproxy.Downstream, faultLease*6/5)
 		doneA := startWave(ctx, []*Cache{a}, 1, key, r.loader(key, nil))
 		keys := mustKeys(t, key)
-		waitFor(t, 5*time.Second, "A's ACQUIRE to take the lease", func() bool { return r.direct.Exists(ctx, keys.lease).Val() == 1 })
+		waitFor(t, 5*time.Second, "A's ACQUIRE to take the lease", func() bool { return r.direct.Exists(ctx, keys.Lease).Val() == 1 })
 		var ob Outcome
 		t0 := time.Now()
 		v, err := b.Get(WithOutcome(ctx, &ob), key, time.Minute, r.loader(key, nil))
@@ -1118,7 +1119,7 @@ func TestFaultClockJump(t *testing.T) {
 				go func() {
 					defer close(sampled)
 					for time.Since(start) < 3*faultLease-50*time.Millisecond {
-						if r.direct.Exists(ctx, keys.lease).Val() == 0 {
+						if r.direct.Exists(ctx, keys.Lease).Val() == 0 {
 							absent.Add(1)
 						}
 						time.Sleep(5 * time.Millisecond)
@@ -1260,7 +1261,7 @@ func (r *faultRig) clusterClient(cl *redistest.Cluster, to timeouts) *redis.Clus
 func masterOf(t *testing.T, cc *redis.ClusterClient, key string) string {
 	t.Helper()
 	keys := mustKeys(t, key)
-	m, err := cc.MasterForKey(context.Background(), keys.value)
+	m, err := cc.MasterForKey(context.Background(), keys.Value)
 	if err != nil {
 		t.Fatalf("master of %q: %v", key, err)
 	}
@@ -1470,7 +1471,7 @@ func TestFaultClusterSlotMigration(t *testing.T) {
 	cc := r.direct.(*redis.ClusterClient)
 	key := "hot"
 	keys := mustKeys(t, key)
-	slot, err := nodes[0].ClusterKeySlot(ctx, keys.value).Result()
+	slot, err := nodes[0].ClusterKeySlot(ctx, keys.Value).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1613,7 +1614,7 @@ func TestFaultClusterSlotMigration(t *testing.T) {
 		t.Errorf("after the move: %d loads for a wave, want 1", n)
 	}
 	env, _ := r.stored(key)
-	r.checkStored(key, version(env.payload))
+	r.checkStored(key, version(env.Payload))
 	t.Logf("%d Gets during the migration, slowest %v; %d invalidations (%d failed); %s",
 		len(res), longest.Round(time.Millisecond), invalidations.Load(), invalidateErrs.Load(), cpStatsLine(s))
 	r.finish()

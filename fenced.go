@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -54,7 +55,7 @@ func NewFencedStore(rdb redis.UniversalClient, prefix string) *FencedStore {
 	if prefix == "" {
 		prefix = DefaultPrefix
 	}
-	checkPrefix(prefix)
+	wire.CheckPrefix(prefix)
 	w := resolveReplicaWait("FencedStore", 0, 0)
 	w.fitReadTimeout(rdb)
 	return &FencedStore{rdb: rdb, prefix: prefix, writes: w}
@@ -115,7 +116,7 @@ func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []b
 	// waits for a reply it was sent, up to the client's ReadTimeout), so
 	// the write may still land, as a Cache's Set may.
 	r, err := leaveOnDone(ctx, untracked, func() (sent, error) {
-		cmd, werr := s.writes.run(ctx, s.rdb, keys.record, fencedSetScript, []string{keys.record},
+		cmd, werr := s.writes.run(ctx, s.rdb, keys.Record, fencedSetScript, []string{keys.Record},
 			strconv.FormatUint(token, 10), val, ttl.Milliseconds())
 		return sent{cmd, werr}, nil
 	}, nil)
@@ -150,7 +151,7 @@ func (s *FencedStore) Get(ctx context.Context, key string) ([]byte, uint64, erro
 		return nil, 0, err
 	}
 	res, err := leaveOnDone(ctx, untracked, func() ([]any, error) {
-		return s.rdb.HMGet(ctx, keys.record, "t", "v").Result()
+		return s.rdb.HMGet(ctx, keys.Record, "t", "v").Result()
 	}, nil)
 	if err != nil {
 		return nil, 0, fmt.Errorf("herd: fenced get %s: %w", keyText(key), err)

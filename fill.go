@@ -123,11 +123,11 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 		// or Close begins: its GET is always a reader's).
 		var env envelope
 		var done bool
-		if env, done, pre, err = c.hitEnv(ctx, key, keys.value, false); done {
+		if env, done, pre, err = c.hitEnv(ctx, key, keys.Value, false); done {
 			if err != nil {
 				return nil, nil, err
 			}
-			return &Hit{Value: env.payload, Outcome: OutcomeHit, WrittenAt: env.writtenAt, Expires: env.softExp}, nil, nil
+			return &Hit{Value: env.Payload, Outcome: OutcomeHit, WrittenAt: env.WrittenAt, Expires: env.SoftExp}, nil, nil
 		}
 	}
 	done, ok := c.track()
@@ -203,7 +203,7 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 // hit path's read, for the flight.
 func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.Duration, refresh func() LoadFunc, joined time.Time, writes uint64, pre *preRead) (*Hit, *Fill, error) {
 	if c.near != nil {
-		e, done, p, err := c.nearLook(ctx, key, keys.value)
+		e, done, p, err := c.nearLook(ctx, key, keys.Value)
 		switch {
 		case done && err != nil:
 			return nil, nil, err
@@ -248,7 +248,7 @@ func (c *Cache) begin(ctx context.Context, key string, keys keyFamily, ttl time.
 	case a.err != nil:
 		return nil, nil, a.err
 	}
-	return &Hit{Value: bytes.Clone(a.val), Outcome: f.outcome, WrittenAt: f.env.writtenAt, Expires: f.env.softExp}, nil, nil
+	return &Hit{Value: bytes.Clone(a.val), Outcome: f.outcome, WrittenAt: f.env.WrittenAt, Expires: f.env.SoftExp}, nil, nil
 }
 
 // nearBeginHit is Begin's answer from a near copy e of key.
@@ -425,10 +425,10 @@ func (fl *Fill) Commit(val []byte, ttl, staleFor time.Duration) error {
 		if fl.lease != nil {
 			fl.lease.finish()
 			c.observeLoad(fl.f, fl.lease.token, delta, nil)
-			env.fence = fl.lease.token
+			env.Fence = fl.lease.token
 			cur = c.commit(fl.f, fl.lease, env, fl.start, fl.writes, fl.tagging())
 		}
-		fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: env.writtenAt, Expires: env.softExp}, nil, cur)
+		fl.resolve(&Hit{Value: val, Outcome: OutcomeFollower, WrittenAt: env.WrittenAt, Expires: env.SoftExp}, nil, cur)
 	})
 	return nil
 }
@@ -508,7 +508,7 @@ func (fl *Fill) Pass(cause error, ttl time.Duration) error {
 		// No Δ: a response that is not shared says nothing of how long a
 		// rebuild of the key takes.
 		env := c.newEnvelope(fl.lease.token, []byte(why), ttl, 0, 0)
-		env.pass = true
+		env.Pass = true
 		c.commit(fl.f, fl.lease, env, fl.start, fl.writes, tagging{}) // a mark carries no tags
 		fl.resolve(nil, cause, currency{})
 	})

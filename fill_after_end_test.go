@@ -31,7 +31,7 @@ func TestFillCommitAfterCloseAbortedItReturnsNil(t *testing.T) {
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := rdb.Exists(ctx, mustKeys(t, key).lease).Val(); n != 0 {
+	if n := rdb.Exists(ctx, mustKeys(t, key).Lease).Val(); n != 0 {
 		t.Fatalf("lease still held after Close aborted the Fill")
 	}
 	for name, commit := range map[string]func() error{

@@ -47,7 +47,7 @@ func testFillCommitThenHit(t *testing.T, b backend) {
 	if age := time.Since(hit.WrittenAt); age < 0 || age > time.Minute {
 		t.Errorf("WrittenAt %v is not the commit time", hit.WrittenAt)
 	}
-	if n := b.rdb.Exists(ctx, mustKeys(t, key).lease).Val(); n != 0 {
+	if n := b.rdb.Exists(ctx, mustKeys(t, key).Lease).Val(); n != 0 {
 		t.Errorf("lease still held after Commit")
 	}
 }
@@ -81,7 +81,7 @@ func testFillWaiters(t *testing.T, b backend) {
 		remote <- res{h, err}
 	}()
 	waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Waits == 1 })
-	waitSubscribedTB(t, b, mustKeys(t, key).channel, 1)
+	waitSubscribedTB(t, b, mustKeys(t, key).Channel, 1)
 	waitLocalWaiters(t, c, key, 1)
 	if err := fill.Commit([]byte("shared"), time.Minute, 0); err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func testFillAbort(t *testing.T, b backend, want error) {
 		remote <- err
 	}()
 	waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Waits == 1 })
-	waitSubscribedTB(t, b, mustKeys(t, key).channel, 1)
+	waitSubscribedTB(t, b, mustKeys(t, key).Channel, 1)
 	waitLocalWaiters(t, c, key, 1)
 	start := time.Now()
 	cause := errors.New("the handler failed")
@@ -140,7 +140,7 @@ func testFillAbort(t *testing.T, b backend, want error) {
 	}
 	// The key is free: the next Begin leads.
 	waitFor(t, 5*time.Second, "the lease to be free", func() bool {
-		return b.rdb.Exists(ctx, mustKeys(t, key).lease).Val() == 0
+		return b.rdb.Exists(ctx, mustKeys(t, key).Lease).Val() == 0
 	})
 	_, fill, err = other.Begin(ctx, key, time.Minute, nil)
 	if err != nil || fill == nil || !fill.Leased() {
@@ -194,7 +194,7 @@ func testFillBadCommit(t *testing.T, b backend) {
 	if h := <-local; h == nil || string(h.Value) != "more than eight bytes" {
 		t.Errorf("a local waiter got %+v, want the value that was too large to store", h)
 	}
-	if n := b.rdb.Exists(ctx, mustKeys(t, key).lease, mustKeys(t, key).value).Val(); n != 0 {
+	if n := b.rdb.Exists(ctx, mustKeys(t, key).Lease, mustKeys(t, key).Value).Val(); n != 0 {
 		t.Errorf("after a refused Commit the lease or a value remains")
 	}
 }

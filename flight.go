@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/internal/wire"
 )
 
 // The two-tier flight. Get puts the callers of a key in one process into
@@ -303,7 +304,7 @@ func (f *flight) acquire() state {
 		// The leader this follower waited for failed (or, after a retry,
 		// a newer one did), and the message did not reach it: the failure
 		// marker tells. Unless it retries, that ends the flight.
-		if f.heard(notice{payload: r.failure}) {
+		if f.heard(notice{Payload: r.failure}) {
 			return stDone
 		}
 	}
@@ -351,7 +352,7 @@ func (f *flight) acquired(r attempted, err error, sent time.Time, ttl time.Durat
 	}
 	if err == nil && r.lease == nil {
 		f.seen = sent
-		if env, ok := decodeEnvelope(r.value); ok && f.served(env) {
+		if env, ok := wire.DecodeEnvelope(r.value); ok && f.served(env) {
 			return stDone
 		}
 		// An expired or unreadable value is there: rebuild over it.
@@ -390,7 +391,7 @@ func (f *flight) claim() state {
 // err is an infrastructure error, already recorded by the breaker.
 func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 	f.seen = time.Now()
-	b, err := c.readValue(c.ctx, f.keys.value)
+	b, err := c.readValue(c.ctx, f.keys.Value)
 	if err != nil && isInfraError(err) {
 		c.redisFailed(err)
 		return envelope{}, false, err
@@ -399,7 +400,7 @@ func (c *Cache) read(f *flight) (env envelope, ok bool, err error) {
 	if err != nil {
 		return envelope{}, false, nil // redis.Nil or a wrong-type reply: a miss
 	}
-	env, ok = decodeEnvelope(b)
+	env, ok = wire.DecodeEnvelope(b)
 	if !ok {
 		c.countCorrupt(f.key, len(b))
 	}
@@ -419,19 +420,19 @@ func (f *flight) served(env envelope) bool {
 	f.early = false
 	f.env = env
 	f.cur = currency{from: f.seen}
-	c.observeDelta(f, env.fence, env.delta)
+	c.observeDelta(f, env.Fence, env.Delta)
 	follower := f.wait != nil
 	var o Outcome
 	var a answer
-	switch fresh := now.Before(env.softExp); {
-	case env.pass:
+	switch fresh := now.Before(env.SoftExp); {
+	case env.Pass:
 		// A pass mark (Fill.Pass) answers Begin; Get rebuilds over it.
 		if !f.begin() || !fresh {
 			return false
 		}
 		if follower {
 			// It waited on the rebuild that passed: told as its waiters are.
-			f.ans = answer{err: fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload)}
+			f.ans = answer{err: fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.Payload)}
 			return true
 		}
 		o, a = OutcomePass, answer{err: passError(f.key)}
@@ -442,19 +443,19 @@ func (f *flight) served(env envelope) bool {
 			o = OutcomeEarlyRefresh
 			c.stats.earlyRefreshes.Add(1)
 			c.refreshAsync(f, env)
-		case env.negative:
+		case env.Negative:
 			o = OutcomeNegative
 		default:
 			o = OutcomeHit
 		}
 		switch {
-		case env.negative && !follower:
+		case env.Negative && !follower:
 			c.stats.negativeHits.Add(1)
 		case !follower:
 			c.stats.hits.Add(1)
 		}
 		a = envAnswer(env)
-	case now.Before(env.staleExp):
+	case now.Before(env.StaleExp):
 		o, a = OutcomeStale, envAnswer(env)
 		c.stats.staleServed.Add(1)
 		c.refreshAsync(f, env)
@@ -470,10 +471,10 @@ func (f *flight) served(env envelope) bool {
 
 // envAnswer is the answer an envelope holds: its value, or ErrNotFound.
 func envAnswer(env envelope) answer {
-	if env.negative {
+	if env.Negative {
 		return answer{err: ErrNotFound}
 	}
-	return answer{val: env.payload}
+	return answer{val: env.Payload}
 }
 
 func (f *flight) origin() context.Context {
@@ -622,7 +623,7 @@ func (c *Cache) settle(f *flight, lease *Lease, refresh bool, ld loaded) ([]byte
 		return val, nil
 	case notFound && c.cfg.NegativeTTL > 0:
 		env := c.newEnvelope(lease.token, nil, c.cfg.NegativeTTL, c.cfg.StaleFor, delta)
-		env.negative = true
+		env.Negative = true
 		f.cur = c.commit(f, lease, env, start, writes, exp.tagging())
 		return nil, ErrNotFound
 	}
@@ -740,7 +741,7 @@ func (f *flight) follow() state {
 	if f.caller != nil {
 		subCtx = f.caller // Begin: the subscription waits no longer than its caller
 	}
-	sub, _, serr := c.notify.subscribe(subCtx, f.keys.channel)
+	sub, _, serr := c.notify.Subscribe(subCtx, f.keys.Channel)
 	if errors.Is(serr, ErrClosed) {
 		return f.done(nil, ErrClosed)
 	}
@@ -872,7 +873,7 @@ func (f *flight) endWait() {
 		w.limit.Stop()
 	}
 	if w.sub != nil {
-		w.sub.release()
+		w.sub.Release()
 	}
 	f.c.sig.wait(f.key, time.Since(w.start), w.end)
 	if w.traced != nil {
@@ -885,31 +886,31 @@ func (f *flight) endWait() {
 // itself (a confirmation, a release without value, a value too large to
 // send, or one it cannot decode).
 func (f *flight) heard(nt notice) bool {
-	if nt.resub || nt.payload == "" {
+	if nt.Resub || nt.Payload == "" {
 		return false
 	}
-	switch nt.payload[0] {
+	switch nt.Payload[0] {
 	case msgValue:
-		env, ok := decodeEnvelope([]byte(nt.payload[1:]))
-		if !ok || env.fence < f.floor || (env.pass && !f.begin()) {
+		env, ok := wire.DecodeEnvelope([]byte(nt.Payload[1:]))
+		if !ok || env.Fence < f.floor || (env.Pass && !f.begin()) {
 			// Unreadable, or an envelope older than the key's fence when
 			// this follower last looked (a message queued before a newer
 			// Set, Invalidate or lease), or a pass mark, which Get
 			// rebuilds over: look at Redis instead.
 			return false
 		}
-		if env.pass {
+		if env.Pass {
 			// The leader passed (Fill.Pass): build it yourself.
-			f.ans = answer{err: fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.payload)}
+			f.ans = answer{err: fmt.Errorf("%w: %q: %s", ErrNotShared, f.key, env.Payload)}
 			return true
 		}
 		f.env = env
 		f.cur = currency{from: f.heldAt}
-		f.c.observeDelta(f, env.fence, env.delta)
+		f.c.observeDelta(f, env.Fence, env.Delta)
 		f.ans = envAnswer(env)
 		return true
 	case msgFailed:
-		kind, fence, text := parseFailMessage(nt.payload)
+		kind, fence, text := parseFailMessage(nt.Payload)
 		if !f.endedBy(fence) {
 			return false // another leader's failure: look again
 		}
@@ -994,9 +995,9 @@ func (f *flight) fallback() state {
 		return f.done(nil, timeout)
 	case ServeStale:
 		f.cur = currency{from: time.Now()}
-		b, err := c.readValue(c.ctx, f.keys.value)
+		b, err := c.readValue(c.ctx, f.keys.Value)
 		if err == nil {
-			if env, ok := decodeEnvelope(b); ok && !env.pass {
+			if env, ok := wire.DecodeEnvelope(b); ok && !env.Pass {
 				a := envAnswer(env)
 				return f.done(a.val, a.err)
 			}

@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/herdkit/herd/internal/wire"
 )
 
 // The hit path. A Get reads the key's value before any flight, through
@@ -35,7 +37,7 @@ func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, done boo
 	if !done || err != nil {
 		return nil, done, pre, err
 	}
-	return env.payload, true, nil, nil
+	return env.Payload, true, nil, nil
 }
 
 // hitEnv is hit with the envelope of the value: on a fresh hit, env is
@@ -80,13 +82,13 @@ func (c *Cache) hitEnv(ctx context.Context, key, vkey string, inline bool) (env 
 // flight.early) instead of drawing again.
 func (c *Cache) freshHit(key, vkey string, env envelope) (o Outcome, fresh, due bool) {
 	now := c.now()
-	live := now.Before(env.softExp)
-	due = live && !env.pass && c.xfetchDue(env, now)
-	if env.pass || !live || due {
+	live := now.Before(env.SoftExp)
+	due = live && !env.Pass && c.xfetchDue(env, now)
+	if env.Pass || !live || due {
 		return OutcomeUnknown, false, due
 	}
-	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.fence, env.delta)
-	if env.negative {
+	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.Fence, env.Delta)
+	if env.Negative {
 		c.stats.negativeHits.Add(1)
 		c.reportLookup(key, OutcomeNegative)
 		return OutcomeNegative, true, false
@@ -126,7 +128,7 @@ func valueKey(prefix, key string) (string, error) {
 		return "", fmt.Errorf("%w: empty key", ErrInvalidKey)
 	}
 	sum := sha256.Sum256([]byte(key))
-	var buf [maxPrefixLen + 2 + 43 + 3]byte
+	var buf [wire.MaxPrefixLen + 2 + 43 + 3]byte
 	b := append(buf[:0], prefix...)
 	b = append(b, ":{"...)
 	b = base64.RawURLEncoding.AppendEncode(b, sum[:])

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -109,7 +110,7 @@ func TestHitXFetchDrawsOnce(t *testing.T) {
 	delta := time.Duration(math.Round(float64(ttl) / math.Ln2))
 	env := c.newEnvelope(1, []byte("v"), ttl, 0, delta)
 	vkey, _ := valueKey(DefaultPrefix, key)
-	if err := rdb.Set(bg, vkey, env.encode(), time.Hour).Err(); err != nil {
+	if err := rdb.Set(bg, vkey, env.Encode(), time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	refresh := newGatedLoader("refreshed")
@@ -151,7 +152,7 @@ func TestHitXFetchDrawsOnceInGetMany(t *testing.T) {
 	const ttl = 10 * time.Minute
 	env := c.newEnvelope(1, []byte("v"), ttl, 0, time.Duration(math.Round(float64(ttl)/math.Ln2)))
 	vkey, _ := valueKey(DefaultPrefix, key)
-	if err := rdb.Set(bg, vkey, env.encode(), time.Hour).Err(); err != nil {
+	if err := rdb.Set(bg, vkey, env.Encode(), time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	gate := make(chan struct{})
@@ -248,8 +249,8 @@ func TestHitNextFlightFromAnOlderPreRead(t *testing.T) {
 				vkey, _ := valueKey(DefaultPrefix, key)
 				waitFor(t, 5*time.Second, "v0 to go stale", func() bool {
 					b, _ := rdb.Get(bg, vkey).Bytes()
-					env, ok := decodeEnvelope(b)
-					return ok && !time.Now().Before(env.softExp)
+					env, ok := wire.DecodeEnvelope(b)
+					return ok && !time.Now().Before(env.SoftExp)
 				})
 			}
 			// Fill the refresh pool (one slot) with a refresh that waits, so a
@@ -398,13 +399,13 @@ func TestHitReadYourWritesHolds(t *testing.T) {
 					}
 				case "pass":
 					e := c.newEnvelope(1, []byte("reason"), time.Hour, 0, 0)
-					e.pass = true
-					if err := rdb.Set(bg, vkey, e.encode(), time.Hour).Err(); err != nil {
+					e.Pass = true
+					if err := rdb.Set(bg, vkey, e.Encode(), time.Hour).Err(); err != nil {
 						t.Fatal(err)
 					}
 				case "early":
 					e := c.newEnvelope(1, []byte("old"), time.Hour, 0, time.Hour)
-					if err := rdb.Set(bg, vkey, e.encode(), time.Hour).Err(); err != nil {
+					if err := rdb.Set(bg, vkey, e.Encode(), time.Hour).Err(); err != nil {
 						t.Fatal(err)
 					}
 				}
@@ -449,7 +450,7 @@ func TestHitHostileValuesAndKeys(t *testing.T) {
 				case "hash":
 					rdb.HSet(bg, vkey, "a", "b")
 				case "short":
-					rdb.Set(bg, vkey, []byte{envelopeVersion}, 0)
+					rdb.Set(bg, vkey, []byte{wire.EnvelopeVersion}, 0)
 				}
 				want := "rebuilt:" + key[:min(len(key), 8)]
 				for i := range 3 {
@@ -564,7 +565,7 @@ func TestHitReplicaReadsHandedOff(t *testing.T) {
 	ro := cl.Client(t, func(o *redis.ClusterOptions) { o.ReadOnly = true })
 	c := newTestCache(t, ro, &Options{ReplicaAcks: -1})
 	const key = "handed-off"
-	vkey := mustKeys(t, key).value
+	vkey := mustKeys(t, key).Value
 	master, replica := slotNodes(t, ro, vkey)
 	if err := c.Set(bg, key, []byte("v1"), time.Hour); err != nil {
 		t.Fatal(err)

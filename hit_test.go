@@ -189,8 +189,8 @@ func TestValueKeyMatchesFamily(t *testing.T) {
 			t.Fatal(err)
 		}
 		v, err := valueKey("p", k)
-		if err != nil || v != f.value {
-			t.Errorf("valueKey(%q) = %q, %v; makeKeys value %q", k, v, err, f.value)
+		if err != nil || v != f.Value {
+			t.Errorf("valueKey(%q) = %q, %v; makeKeys value %q", k, v, err, f.Value)
 		}
 	}
 	if _, err := valueKey("p", ""); !errors.Is(err, ErrInvalidKey) {

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/herdkit/herd/internal/wire"
 )
 
 // Inspection is what herd keeps in Redis for one key, read at one instant
@@ -84,14 +86,14 @@ func (c *Cache) Inspect(ctx context.Context, key string) (*Inspection, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := sendRead(ctx, c.rdb, inspectScript, []string{k.value, k.lease, k.fence, k.failed, k.backoff, k.record}).Slice()
+	r, err := sendRead(ctx, c.rdb, inspectScript, []string{k.Value, k.Lease, k.Fence, k.Failed, k.Backoff, k.Record}).Slice()
 	if err != nil {
 		return nil, fmt.Errorf("herd: inspect %q: %w", key, err)
 	}
 	if len(r) != 10 {
 		return nil, fmt.Errorf("herd: inspect %q: %w: %d replies from the script, want 10", key, errBadReply, len(r))
 	}
-	in := &Inspection{Key: key, Name: k.value}
+	in := &Inspection{Key: key, Name: k.Value}
 	switch v := r[0].(type) {
 	case string:
 		in.Value = inspectValue([]byte(v), pttl(r[1]))
@@ -117,17 +119,17 @@ func (c *Cache) Inspect(ctx context.Context, key string) (*Inspection, error) {
 }
 
 func inspectValue(b []byte, ttl time.Duration) *InspectedValue {
-	env, ok := decodeEnvelope(b)
+	env, ok := wire.DecodeEnvelope(b)
 	if !ok {
 		return &InspectedValue{Bytes: len(b), TTL: ttl, Corrupt: true}
 	}
 	v := &InspectedValue{
-		Bytes: len(env.payload), Negative: env.negative, Pass: env.pass, Fence: env.fence,
-		WrittenAt: env.writtenAt, FreshUntil: env.softExp, StaleUntil: env.staleExp,
-		Delta: env.delta, TTL: ttl,
+		Bytes: len(env.Payload), Negative: env.Negative, Pass: env.Pass, Fence: env.Fence,
+		WrittenAt: env.WrittenAt, FreshUntil: env.SoftExp, StaleUntil: env.StaleExp,
+		Delta: env.Delta, TTL: ttl,
 	}
-	if env.pass {
-		v.Reason, v.Bytes = string(env.payload), 0
+	if env.Pass {
+		v.Reason, v.Bytes = string(env.Payload), 0
 	}
 	return v
 }

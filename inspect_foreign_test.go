@@ -59,10 +59,10 @@ func TestInspectBackoffAndForeignValue(t *testing.T) {
 
 	foreign := testKey(t) + ":foreign"
 	k, _ := makeKeys(c.cfg.Prefix, foreign)
-	if err := rdb.HSet(ctx, k.value, "x", "y").Err(); err != nil {
+	if err := rdb.HSet(ctx, k.Value, "x", "y").Err(); err != nil {
 		t.Fatal(err)
 	}
-	if err := rdb.PExpire(ctx, k.value, time.Hour).Err(); err != nil {
+	if err := rdb.PExpire(ctx, k.Value, time.Hour).Err(); err != nil {
 		t.Fatal(err)
 	}
 	in, err = c.Inspect(ctx, foreign)

@@ -85,7 +85,7 @@ func TestInspect(t *testing.T) {
 
 			// Bytes that are not an envelope.
 			k, _ := makeKeys(c.cfg.Prefix, "user:4")
-			if err := rdb.Set(ctx, k.value, "garbage", time.Minute).Err(); err != nil {
+			if err := rdb.Set(ctx, k.Value, "garbage", time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
 			if in, err = c.Inspect(ctx, "user:4"); err != nil || in.Value == nil || !in.Value.Corrupt || in.Value.Bytes != 7 {

@@ -35,7 +35,7 @@ func TestKeepAliveCapHoldsAgainstAnExtend(t *testing.T) {
 	capAt := start.Add(maxHold)
 	// The watchdog's prompt renewal shortens the lease in Redis to the cap.
 	waitFor(t, 5*time.Second, "the watchdog to shorten the lease to the cap", func() bool {
-		return rdb.PTTL(ctx, keys.lease).Val() <= maxHold
+		return rdb.PTTL(ctx, keys.Lease).Val() <= maxHold
 	})
 	if d := lease.Deadline(); d.After(capAt) {
 		t.Fatalf("Deadline %v after the cap before any Extend", d.Sub(capAt))
@@ -47,7 +47,7 @@ func TestKeepAliveCapHoldsAgainstAnExtend(t *testing.T) {
 	if d := lease.Deadline(); d.After(capAt) {
 		t.Errorf("after Extend(10s) the Deadline is %v past the KeepAlive cap: Lost will not close at the cap", d.Sub(capAt).Round(time.Millisecond))
 	}
-	if pttl := rdb.PTTL(ctx, keys.lease).Val(); pttl > maxHold {
+	if pttl := rdb.PTTL(ctx, keys.Lease).Val(); pttl > maxHold {
 		t.Errorf("after Extend(10s) the lease lives %v in Redis, past the %v cap counted from the acquire", pttl, maxHold)
 	}
 }

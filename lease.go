@@ -104,7 +104,7 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 		return fmt.Errorf("%w: %q: at its KeepAlive cap", ErrLeaseLost, l.key)
 	}
 	start := time.Now()
-	cmd, werr := l.locker.cfg.repl.run(ctx, l.locker.rdb, l.keys.fence, extendScript, []string{l.keys.lease, l.keys.fence},
+	cmd, werr := l.locker.cfg.repl.run(ctx, l.locker.rdb, l.keys.Fence, extendScript, []string{l.keys.Lease, l.keys.Fence},
 		l.value, ttl.Milliseconds(), l.locker.fenceTTL(ttl).Milliseconds())
 	ok, err := cmd.Int()
 	if err == nil && ok == 1 && werr != nil {
@@ -219,13 +219,13 @@ func (l *Lease) releaseWith(ctx context.Context, msg string) (int, error) {
 // marker > 0, leaves msg as the key's failure marker for that long.
 func (l *Lease) releaseFailed(ctx context.Context, msg string, base, cap, marker time.Duration) (int, error) {
 	n := l.locker.notify
-	names := []string{l.keys.lease, l.keys.fence}
-	args := []any{l.value, n.publishCmd(ctx), l.keys.channel, msg}
+	names := []string{l.keys.Lease, l.keys.Fence}
+	args := []any{l.value, n.PublishCmd(ctx), l.keys.Channel, msg}
 	if base > 0 || marker > 0 {
-		names = append(names, l.keys.backoff, l.keys.failed)
+		names = append(names, l.keys.Backoff, l.keys.Failed)
 		args = append(args, base.Milliseconds(), cap.Milliseconds(), marker.Milliseconds())
 	}
-	cmd, _ := l.locker.cfg.repl.run(ctx, l.locker.rdb, l.keys.fence, releaseScript, names, args...)
+	cmd, _ := l.locker.cfg.repl.run(ctx, l.locker.rdb, l.keys.Fence, releaseScript, names, args...)
 	return cmd.Int()
 }
 

@@ -329,15 +329,15 @@ func TestLoadErrorLegacyFailureMessages(t *testing.T) {
 			}()
 			keys, _ := makeKeys(DefaultPrefix, key)
 			waitFor(t, 10*time.Second, "b to subscribe", func() bool {
-				m, _ := rdb.PubSubNumSub(ctx, keys.channel).Result()
-				return m[keys.channel] == 1
+				m, _ := rdb.PubSubNumSub(ctx, keys.Channel).Result()
+				return m[keys.Channel] == 1
 			})
 			text := tc.text
 			if strings.Contains(text, "%s") {
 				text = fmt.Sprintf(text, key)
 			}
 			msg := failMessage(tc.kind, fill.lease, text) // the format is unchanged
-			if err := rdb.Publish(ctx, keys.channel, msg).Err(); err != nil {
+			if err := rdb.Publish(ctx, keys.Channel, msg).Err(); err != nil {
 				t.Fatal(err)
 			}
 			err := recvOne(t, "b", res)

@@ -75,7 +75,7 @@ func (l *Locker) Close() error {
 	if !l.gate.Close() {
 		l.gate.Wait()
 	}
-	return l.notify.close()
+	return l.notify.Close()
 }
 
 // isClosed reports whether Close was called.
@@ -143,9 +143,9 @@ func (l *Locker) Acquire(ctx context.Context, key string, ttl time.Duration) (*L
 	// failed try and the subscription is then seen by the next try, and
 	// every later one arrives as a message.
 	var wake <-chan notice
-	sub, live, serr := l.notify.subscribe(ctx, keys.channel)
+	sub, live, serr := l.notify.Subscribe(ctx, keys.Channel)
 	if sub != nil {
-		defer sub.release()
+		defer sub.Release()
 		wake = sub.C
 	}
 	if errors.Is(serr, ErrClosed) {
@@ -286,10 +286,10 @@ type awaiting struct{ fence, after string }
 // error; ErrLeaseHeld is. side, if not nil, is a read sent in the same
 // round trip (the Cache's purge generation, see tags.go).
 func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited awaiting, side redis.Cmder) (attempted, error) {
-	l.cfg.repl.prime(ctx, l.rdb, keys.fence) // its round trip must not count against the lease
+	l.cfg.repl.prime(ctx, l.rdb, keys.Fence) // its round trip must not count against the lease
 	start := time.Now()
 	call, owner := l.acquireCall(keys, ttl, mode, seen, awaited)
-	call.cmd, call.werr = l.cfg.repl.runWith(ctx, l.rdb, keys.fence, side, acquireScript, call.keys, call.args...)
+	call.cmd, call.werr = l.cfg.repl.runWith(ctx, l.rdb, keys.Fence, side, acquireScript, call.keys, call.args...)
 	return l.parseAcquire(ctx, key, keys, ttl, owner, start, call)
 }
 
@@ -297,13 +297,13 @@ func (l *Locker) attempt(ctx context.Context, key string, keys keyFamily, ttl ti
 // attempt), to be run alone or in a batch (see runBatch).
 func (l *Locker) acquireCall(keys keyFamily, ttl time.Duration, mode string, seen []byte, awaited awaiting) (call *scriptCall, owner string) {
 	owner = newOwner()
-	names := []string{keys.lease, keys.fence}
+	names := []string{keys.Lease, keys.Fence}
 	args := []any{owner, ttl.Milliseconds(), l.fenceTTL(ttl).Milliseconds()}
 	if mode != "" {
-		names = append(names, keys.value, keys.backoff, keys.failed)
+		names = append(names, keys.Value, keys.Backoff, keys.Failed)
 		args = append(args, mode, seen, awaited.fence, awaited.after)
 	}
-	return &scriptCall{route: keys.fence, keys: names, args: args}, owner
+	return &scriptCall{route: keys.Fence, keys: names, args: args}, owner
 }
 
 // parseAcquire reads the reply of an ACQUIRE that call ran for owner, sent

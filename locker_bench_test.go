@@ -37,7 +37,7 @@ func BenchmarkAcquireWakeup(b *testing.B) {
 			}
 			got <- at
 		}()
-		waitSubscribedTB(b, be, keys.channel, 1)
+		waitSubscribedTB(b, be, keys.Channel, 1)
 		released := time.Now()
 		if err := holder.Release(ctx); err != nil {
 			b.Fatal(err)

@@ -55,14 +55,14 @@ func newTestLocker(t *testing.T, rdb redis.UniversalClient, opt *LockerOptions) 
 func lapse(t *testing.T, b backend, keys keyFamily) {
 	t.Helper()
 	ctx := context.Background()
-	if err := b.rdb.PExpire(ctx, keys.lease, time.Millisecond).Err(); err != nil {
+	if err := b.rdb.PExpire(ctx, keys.Lease, time.Millisecond).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if b.mini != nil {
 		b.mini.FastForward(2 * time.Millisecond)
 	}
 	waitFor(t, time.Second, "the lease key to expire", func() bool {
-		return b.rdb.Exists(ctx, keys.lease).Val() == 0
+		return b.rdb.Exists(ctx, keys.Lease).Val() == 0
 	})
 }
 
@@ -119,7 +119,7 @@ func testAcquireRelease(t *testing.T, b backend) {
 	if err := a.Release(ctx); err != nil {
 		t.Errorf("Release of a lease released before another holder came: got %v, want nil", err)
 	}
-	if got := b.rdb.Get(ctx, mustKeys(t, key).lease).Val(); got != b3.value {
+	if got := b.rdb.Get(ctx, mustKeys(t, key).Lease).Val(); got != b3.value {
 		t.Errorf("lease key = %q after the stale Release, want the holder's %q", got, b3.value)
 	}
 	var nilLease *Lease
@@ -204,7 +204,7 @@ func testHostileKeys(t *testing.T, b backend) {
 	for _, k := range hostileKeys() {
 		keys := mustKeys(t, k)
 		var slots []int64
-		for _, name := range []string{keys.value, keys.lease, keys.fence, keys.record, keys.channel} {
+		for _, name := range []string{keys.Value, keys.Lease, keys.Fence, keys.Record, keys.Channel} {
 			slot, err := cc.ClusterKeySlot(ctx, name).Result()
 			if err != nil {
 				t.Fatal(err)
@@ -223,7 +223,7 @@ func testHostileKeys(t *testing.T, b backend) {
 	}
 	owners := map[string]int{}
 	for i := range 300 {
-		slot, err := cc.ClusterKeySlot(ctx, mustKeys(t, fmt.Sprintf("user:%d", i)).lease).Result()
+		slot, err := cc.ClusterKeySlot(ctx, mustKeys(t, fmt.Sprintf("user:%d", i)).Lease).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -247,7 +247,7 @@ func testRetriedScripts(t *testing.T, b backend) {
 	owner := newOwner()
 	run := func() (int64, string) {
 		t.Helper()
-		res, err := acquireScript.rs.Run(ctx, b.rdb, []string{keys.lease, keys.fence}, owner, 2000, 60000).Slice()
+		res, err := acquireScript.rs.Run(ctx, b.rdb, []string{keys.Lease, keys.Fence}, owner, 2000, 60000).Slice()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +269,7 @@ func testRetriedScripts(t *testing.T, b backend) {
 	value := owner + ":" + fence1
 	release := func() int {
 		t.Helper()
-		n, err := releaseScript.rs.Run(ctx, b.rdb, []string{keys.lease, keys.fence}, value, "PUBLISH", keys.channel, msgReleased).Int()
+		n, err := releaseScript.rs.Run(ctx, b.rdb, []string{keys.Lease, keys.Fence}, value, "PUBLISH", keys.Channel, msgReleased).Int()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,7 +291,7 @@ func testRetriedScripts(t *testing.T, b backend) {
 	if got := release(); got != 1 {
 		t.Errorf("late retried release: got %d, want 1", got)
 	}
-	if got := b.rdb.Get(ctx, keys.lease).Val(); got != next.value {
+	if got := b.rdb.Get(ctx, keys.Lease).Val(); got != next.value {
 		t.Errorf("lease key after a stale release = %q, want the new holder's %q", got, next.value)
 	}
 }
@@ -324,7 +324,7 @@ func testReleaseAfterLoss(t *testing.T, b backend) {
 	if err := a.Release(ctx); !errors.Is(err, ErrLeaseLost) {
 		t.Errorf("old holder's Release: got %v, want ErrLeaseLost", err)
 	}
-	if got := b.rdb.Get(ctx, keys.lease).Val(); got != nb.value {
+	if got := b.rdb.Get(ctx, keys.Lease).Val(); got != nb.value {
 		t.Errorf("lease key = %q, want the new holder's %q", got, nb.value)
 	}
 	if isClosed(nb.Lost()) {
@@ -346,13 +346,13 @@ func testExtend(t *testing.T, b backend) {
 	if err := a.Extend(ctx, 20*time.Second); err != nil {
 		t.Fatalf("Extend: %v", err)
 	}
-	if pttl := b.rdb.PTTL(ctx, keys.lease).Val(); pttl < 10*time.Second {
+	if pttl := b.rdb.PTTL(ctx, keys.Lease).Val(); pttl < 10*time.Second {
 		t.Errorf("PTTL after Extend(20s) = %v, want > 10s", pttl)
 	}
 	if after := a.Deadline(); after.Sub(before) < 10*time.Second {
 		t.Errorf("Deadline moved by %v, want about 19s", after.Sub(before))
 	}
-	if pttl := b.rdb.PTTL(ctx, keys.fence).Val(); pttl < 40*time.Second {
+	if pttl := b.rdb.PTTL(ctx, keys.Fence).Val(); pttl < 40*time.Second {
 		t.Errorf("fence PTTL = %v, want at least twice the lease", pttl)
 	}
 }
@@ -367,7 +367,7 @@ func testFenceMonotonic(t *testing.T, b backend) {
 		if i == 3 {
 			// The counter expired (or Redis restarted empty): tokens must
 			// still increase.
-			if err := b.rdb.Del(ctx, keys.fence).Err(); err != nil {
+			if err := b.rdb.Del(ctx, keys.Fence).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -383,7 +383,7 @@ func testFenceMonotonic(t *testing.T, b backend) {
 			t.Fatal(err)
 		}
 	}
-	if pttl := b.rdb.PTTL(ctx, keys.fence).Val(); pttl <= 0 {
+	if pttl := b.rdb.PTTL(ctx, keys.Fence).Val(); pttl <= 0 {
 		t.Errorf("fence counter PTTL = %v, want a TTL so idle keys expire", pttl)
 	}
 }
@@ -442,7 +442,7 @@ func testLostOnExternalDelete(t *testing.T, b backend) {
 		t.Fatal(err)
 	}
 	a.KeepAlive(0)
-	if err := b.rdb.Del(ctx, mustKeys(t, key).lease).Err(); err != nil {
+	if err := b.rdb.Del(ctx, mustKeys(t, key).Lease).Err(); err != nil {
 		t.Fatal(err)
 	}
 	select {
@@ -478,7 +478,7 @@ func testWokenByRelease(t *testing.T, b backend) {
 		le, err := l.Acquire(ctx, key, 30*time.Second)
 		done <- result{le, err, time.Now()}
 	}()
-	waitSubscribed(t, b, keys.channel)
+	waitSubscribed(t, b, keys.Channel)
 	released := time.Now()
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -572,7 +572,7 @@ func testKeepAliveRenews(t *testing.T, b backend) {
 	// The lease must outlive its length several times over.
 	end := time.Now().Add(4 * ttl)
 	for time.Now().Before(end) {
-		if got := b.rdb.Get(ctx, keys.lease).Val(); got != a.value {
+		if got := b.rdb.Get(ctx, keys.Lease).Val(); got != a.value {
 			t.Fatalf("lease key = %q during KeepAlive, want %q", got, a.value)
 		}
 		if isClosed(a.Lost()) {
@@ -583,7 +583,7 @@ func testKeepAliveRenews(t *testing.T, b backend) {
 	if err := a.Release(ctx); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	if n := b.rdb.Exists(ctx, keys.lease).Val(); n != 0 {
+	if n := b.rdb.Exists(ctx, keys.Lease).Val(); n != 0 {
 		t.Errorf("lease key exists after Release")
 	}
 }
@@ -616,7 +616,7 @@ func testMaxHoldCap(t *testing.T, b backend) {
 	}
 	// The capped lease ends by itself: no renewal past the cap.
 	waitFor(t, 2*ttl, "the capped lease to expire in Redis", func() bool {
-		return b.rdb.Exists(ctx, keys.lease).Val() == 0
+		return b.rdb.Exists(ctx, keys.Lease).Val() == 0
 	})
 	if gone := time.Since(start); gone > maxHold+2*ttl {
 		t.Errorf("lease key lived %v, want it gone by the cap %v (+ one lease)", gone, maxHold)
@@ -739,7 +739,7 @@ func TestKeepAliveCapEndsTheHoldingBeforeTheFirstRenewal(t *testing.T) {
 	defer lease.Release(ctx)
 	checkCapEndsHolding(t, lease, lease.life.Acquired(), 300*time.Millisecond)
 	waitFor(t, 3*time.Second, "the lease key to expire at the cap", func() bool {
-		return rdb.Exists(ctx, lease.keys.lease).Val() == 0
+		return rdb.Exists(ctx, lease.keys.Lease).Val() == 0
 	})
 	if _, err := l.TryAcquire(ctx, testKey(t), time.Second); err != nil {
 		t.Errorf("TryAcquire after the cap: %v, want the lease free", err)
@@ -798,14 +798,14 @@ func TestKeepAliveCapEndsTheHoldingWhenCalledAfterTheCap(t *testing.T) {
 	}
 	// Give the watchdog's "at once" renewal a generous second to land.
 	deadline := time.Now().Add(time.Second)
-	for rdb.Exists(ctx, lease.keys.lease).Val() != 0 && time.Now().Before(deadline) {
+	for rdb.Exists(ctx, lease.keys.Lease).Val() != 0 && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	since := time.Since(lease.life.Acquired())
 	_, err = other.TryAcquire(ctx, key, time.Second)
 	if errors.Is(err, ErrLeaseHeld) {
 		t.Fatalf("TryAcquire by another instance %v after the acquire (cap %v, Lost closed) = %v; the key lives %v more in Redis",
-			since.Round(time.Millisecond), maxHold, err, rdb.PTTL(ctx, lease.keys.lease).Val())
+			since.Round(time.Millisecond), maxHold, err, rdb.PTTL(ctx, lease.keys.Lease).Val())
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -321,7 +321,7 @@ func (m *manyCall) newFlight(k *manyKey) *flight {
 
 // initFlight makes f a new flight of k (see newFlight).
 func (m *manyCall) initFlight(f *flight, k *manyKey) {
-	if k.keys.value == "" {
+	if k.keys.Value == "" {
 		k.keys, _ = makeKeys(m.c.cfg.Prefix, k.key) // valid: prepare checked it
 	}
 	one := m.load.one(k.key)
@@ -533,7 +533,7 @@ func (c *Cache) acquireMany(ms []*member) (led, failed []*member, cause error) {
 	ttls := make([]time.Duration, len(ms))
 	for i, m := range ms {
 		ttls[i] = c.leaseFor(m.f.key)
-		c.repl.prime(c.ctx, c.rdb, m.f.keys.fence)
+		c.repl.prime(c.ctx, c.rdb, m.f.keys.Fence)
 		calls[i], owners[i] = c.locker.acquireCall(m.f.keys, ttls[i], modeMiss, nil, awaiting{})
 	}
 	sent := time.Now()

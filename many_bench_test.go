@@ -31,7 +31,7 @@ func BenchmarkGetMany(b *testing.B) {
 		if err := c.Set(ctx, keys[i], payload, time.Hour); err != nil {
 			b.Fatal(err)
 		}
-		if err := rdb.Set(ctx, raw[i], (&envelope{payload: payload}).encode(), time.Hour).Err(); err != nil {
+		if err := rdb.Set(ctx, raw[i], (&envelope{Payload: payload}).Encode(), time.Hour).Err(); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -35,7 +35,7 @@ func atkLeaseHeld(t *testing.T, rdb redis.UniversalClient, key string) bool {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := rdb.Exists(context.Background(), keys.lease).Result()
+	n, err := rdb.Exists(context.Background(), keys.Lease).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,8 +510,8 @@ func TestGetManyLeaderKilled(t *testing.T) {
 	waitFor(t, 30*time.Second, "the follower to follow every key", func() bool {
 		for _, k := range keys {
 			kk, _ := makeKeys(DefaultPrefix, k)
-			m, err := rdb.PubSubNumSub(ctx, kk.channel).Result()
-			if err != nil || m[kk.channel] < 1 {
+			m, err := rdb.PubSubNumSub(ctx, kk.Channel).Result()
+			if err != nil || m[kk.Channel] < 1 {
 				return false
 			}
 		}
@@ -955,8 +955,8 @@ func TestInvalidateSoftStress(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	t.Logf("%d soft invalidations; of 300 Peeks after a Set, %d saw it soft-invalidated, %d invalidated outright", softs.Load(), stale, gone)
-	if env, ok := peekEnvelope(t, srv.Client(t), key); ok && env.fence != fenceOf(t, srv.Client(t), key) {
-		t.Errorf("stored value has fence %d, the key's fence is %d", env.fence, fenceOf(t, srv.Client(t), key))
+	if env, ok := peekEnvelope(t, srv.Client(t), key); ok && env.Fence != fenceOf(t, srv.Client(t), key) {
+		t.Errorf("stored value has fence %d, the key's fence is %d", env.Fence, fenceOf(t, srv.Client(t), key))
 	}
 	if stale == 0 {
 		t.Log("no soft invalidation landed between a Set and its Peek: the race was not exercised this run")

@@ -346,7 +346,7 @@ func TestGetManyLoaderPanicAndError(t *testing.T) {
 		if kerr := me.Errs[k]; !errors.As(kerr, &pe) || pe.Value != "kaboom" || !errors.Is(kerr, ErrLoadFailed) {
 			t.Errorf("key %q: %v, want ErrLoadFailed with the *PanicError", k, kerr)
 		}
-		lk := mustKeys(t, k).lease
+		lk := mustKeys(t, k).Lease
 		if n := rdb.Exists(ctx, lk).Val(); n != 0 {
 			t.Errorf("key %q: lease still held after the panic", k)
 		}
@@ -700,7 +700,7 @@ func TestGetManyCluster(t *testing.T) {
 	}
 	masters := make(map[string]int) // keys per master
 	for _, k := range keys {
-		m, err := cc.MasterForKey(ctx, mustKeys(t, k).value)
+		m, err := cc.MasterForKey(ctx, mustKeys(t, k).Value)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -753,7 +753,7 @@ func TestGetManyReplicaReadsFromMaster(t *testing.T) {
 	ro := cl.Client(t, func(o *redis.ClusterOptions) { o.ReadOnly = true })
 	c := newTestCache(t, ro, &Options{ReplicaAcks: -1})
 	key := "replicated"
-	vkey := mustKeys(t, key).value
+	vkey := mustKeys(t, key).Value
 	master, replica := slotNodes(t, ro, vkey)
 	if err := c.Set(ctx, key, []byte("v1"), time.Hour); err != nil {
 		t.Fatal(err)
@@ -815,7 +815,7 @@ func TestGetManyRing(t *testing.T) {
 	keys := manyKeys(t, 40)
 	perShard := make(map[string]int)
 	for _, k := range keys {
-		cl, err := ring.GetShardClientForKey(mustKeys(t, k).value)
+		cl, err := ring.GetShardClientForKey(mustKeys(t, k).Value)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -80,7 +81,7 @@ func (m *manyCall) read(ctx context.Context) {
 			todo = append(todo, k) // a miss (redis.Nil, an error reply), or unreachable
 			continue
 		}
-		env, ok := decodeEnvelope(r.b)
+		env, ok := wire.DecodeEnvelope(r.b)
 		if !ok {
 			c.countCorrupt(k.key, len(r.b))
 			todo = append(todo, k)
@@ -100,7 +101,7 @@ func (m *manyCall) read(ctx context.Context) {
 			if o == OutcomeNegative {
 				m.answer(k.key, nil, ErrNotFound)
 			} else {
-				m.answer(k.key, env.payload, nil)
+				m.answer(k.key, env.Payload, nil)
 			}
 			continue
 		}

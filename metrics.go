@@ -273,7 +273,7 @@ func rebuildName(keys keyFamily, fence string) string {
 	if fence == "" {
 		return ""
 	}
-	return keys.hash() + ":" + fence
+	return keys.Hash() + ":" + fence
 }
 
 // tracesLoads reports whether StartLoad is set: callers check it before

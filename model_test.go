@@ -178,7 +178,7 @@ func TestModelLease(t *testing.T) {
 				if err := m.cache.Invalidate(ctx, m.key); err != nil {
 					t.Fatal(err)
 				}
-				n, err := m.clients[0].HGet(ctx, m.keys.fence, "n").Uint64()
+				n, err := m.clients[0].HGet(ctx, m.keys.Fence, "n").Uint64()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -189,7 +189,7 @@ func TestModelLease(t *testing.T) {
 			},
 			"": func(t *rapid.T) {
 				rdb := m.clients[2]
-				cur, err := rdb.Get(ctx, m.keys.lease).Result()
+				cur, err := rdb.Get(ctx, m.keys.Lease).Result()
 				switch {
 				case m.held():
 					if err != nil || cur != m.holder.l.value {
@@ -198,7 +198,7 @@ func TestModelLease(t *testing.T) {
 				case !errors.Is(err, redis.Nil):
 					t.Fatalf("lease key = %q (%v) while the model holds none", cur, err)
 				}
-				if n, err := rdb.HGet(ctx, m.keys.fence, "n").Uint64(); m.fence != 0 && (err != nil || n != m.fence) {
+				if n, err := rdb.HGet(ctx, m.keys.Fence, "n").Uint64(); m.fence != 0 && (err != nil || n != m.fence) {
 					t.Fatalf("fence counter = %d (%v), want %d", n, err, m.fence)
 				}
 				_, tok, err := m.store.Get(ctx, m.key)
@@ -280,9 +280,9 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	}
 	own, other := newOwner(), newOwner()
 	acq := func(owner string, extra ...any) []string {
-		names := []string{k.lease, k.fence}
+		names := []string{k.Lease, k.Fence}
 		if len(extra) > 0 {
-			names = append(names, k.value, k.backoff, k.failed)
+			names = append(names, k.Value, k.Backoff, k.Failed)
 		}
 		return names
 	}
@@ -292,40 +292,40 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	run("acquire retried", acquireScript, acq(own), own, 5000, 60000)
 	run("acquire by another", acquireScript, acq(other), other, 5000, 60000)
 	run("acquire miss mode, lease held, no value", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", "")
-	run("extend own", extendScript, []string{k.lease, k.fence}, value, 5000, 60000)
-	run("extend foreign", extendScript, []string{k.lease, k.fence}, other+":1", 5000, 60000)
+	run("extend own", extendScript, []string{k.Lease, k.Fence}, value, 5000, 60000)
+	run("extend foreign", extendScript, []string{k.Lease, k.Fence}, other+":1", 5000, 60000)
 	now := time.Now()
-	env := (&envelope{fence: mustUint(t, token), writtenAt: now, softExp: now.Add(time.Minute), staleExp: now.Add(time.Minute), payload: []byte("v")}).encode()
+	env := (&envelope{Fence: mustUint(t, token), WrittenAt: now, SoftExp: now.Add(time.Minute), StaleExp: now.Add(time.Minute), Payload: []byte("v")}).Encode()
 	commit := func(what, tok string) {
-		run(what, commitScript, []string{k.value, k.lease, k.fence, k.backoff}, tok, env, 60000, value, "PUBLISH", k.channel, msgWritten, msgReleased)
+		run(what, commitScript, []string{k.Value, k.Lease, k.Fence, k.Backoff}, tok, env, 60000, value, "PUBLISH", k.Channel, msgWritten, msgReleased)
 	}
 	commit("commit", token)
 	commit("commit retried", token)
 	run("acquire miss mode, value present", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", "")
 	rel := func(what, v string) {
-		run(what, releaseScript, []string{k.lease, k.fence}, v, "PUBLISH", k.channel, msgReleased)
+		run(what, releaseScript, []string{k.Lease, k.Fence}, v, "PUBLISH", k.Channel, msgReleased)
 	}
 	rel("release after commit", value)
 	rel("release foreign", other+":"+token)
-	set := []string{k.value, k.fence, k.writes + "set-1"}
-	run("set", setScript, set, env, 60000, 60000, "PUBLISH", k.channel, 1<<14, 60000)
-	run("set retried", setScript, set, env, 60000, 60000, "PUBLISH", k.channel, 1<<14, 60000)
+	set := []string{k.Value, k.Fence, k.Writes + "set-1"}
+	run("set", setScript, set, env, 60000, 60000, "PUBLISH", k.Channel, 1<<14, 60000)
+	run("set retried", setScript, set, env, 60000, 60000, "PUBLISH", k.Channel, 1<<14, 60000)
 	commit("commit with an old token", token)
 	run("acquire refresh mode, envelope changed", acquireScript, acq(other, 1), other, 5000, 60000, modeRefresh, string(env[2:10]), "")
-	inv := []string{k.value, k.fence, k.writes + "inv-1"}
+	inv := []string{k.Value, k.Fence, k.Writes + "inv-1"}
 	run("invalidate", invalidateScript, inv, 60000, 60000)
 	run("invalidate retried", invalidateScript, inv, 60000, 60000)
 	r = run("acquire after invalidate", acquireScript, acq(other), other, 5000, 60000)
 	value2 := other + ":" + fmt.Sprint(r.([]any)[1])
 	rel("release", value2)
 	rel("release retried", value2)
-	rdb.Del(ctx, k.value)
+	rdb.Del(ctx, k.Value)
 	third := newOwner()
 	r = run("acquire, then a failed load's release", acquireScript, acq(third), third, 5000, 60000)
 	token3 := fmt.Sprint(r.([]any)[1])
-	releaseScript.rs.Run(ctx, rdb, []string{k.lease, k.fence, k.backoff, k.failed},
-		third+":"+token3, "PUBLISH", k.channel, "Fe"+token3+"|boom", 0, 0, 5000)
-	out[len(out)-1] = "acquire, then a failed load's release: " + shape(rdb.Exists(ctx, k.failed).Val(), nil)
+	releaseScript.rs.Run(ctx, rdb, []string{k.Lease, k.Fence, k.Backoff, k.Failed},
+		third+":"+token3, "PUBLISH", k.Channel, "Fe"+token3+"|boom", 0, 0, 5000)
+	out[len(out)-1] = "acquire, then a failed load's release: " + shape(rdb.Exists(ctx, k.Failed).Val(), nil)
 	run("acquire miss mode, the awaited leader failed", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", token3)
 	// The lease is free and the marker is of a rebuild newer than the one
 	// awaited: that failure is the answer (a follower that missed its
@@ -334,10 +334,10 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	run("acquire miss mode, a newer leader's failure", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", "12345")
 	newer := strconv.FormatUint(mustUint(t, token3)+1, 10)
 	run("acquire miss mode, an older leader's failure", acquireScript, acq(other, 1), other, 5000, 60000, modeMiss, "", newer)
-	rdb.Del(ctx, k.lease)
-	run("fenced set", fencedSetScript, []string{k.record}, "100", "a", 0)
-	run("fenced set lower", fencedSetScript, []string{k.record}, "99", "b", 0)
-	_, err := rdb.Get(ctx, k.lease).Result()
+	rdb.Del(ctx, k.Lease)
+	run("fenced set", fencedSetScript, []string{k.Record}, "100", "a", 0)
+	run("fenced set lower", fencedSetScript, []string{k.Record}, "99", "b", 0)
+	_, err := rdb.Get(ctx, k.Lease).Result()
 	out = append(out, "get missing: "+shape(nil, err))
 	return out
 }

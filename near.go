@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/lease"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
@@ -656,7 +657,7 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 	if err != nil {
 		return res // redis.Nil or a wrong-type reply: a miss
 	}
-	env, ok := decodeEnvelope(b)
+	env, ok := wire.DecodeEnvelope(b)
 	if !ok {
 		c.countCorrupt(key, len(b))
 		return res
@@ -666,8 +667,8 @@ func (c *Cache) nearFill(key, vkey string, id nearID) (res *nearResult) {
 	if !ok {
 		return res // stale, a pass mark, or where XFetch may refresh: the flight decides
 	}
-	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.fence, env.delta)
-	if env.negative {
+	c.calib.observeRebuild(vkey, key, c.cfg.classLabel, env.Fence, env.Delta)
+	if env.Negative {
 		c.stats.negativeHits.Add(1)
 	} else {
 		c.stats.hits.Add(1)
@@ -688,19 +689,19 @@ func (c *Cache) nearEntryOf(id nearID, env envelope, snap nearSnap) (e nearEntry
 	n := c.near
 	now := c.now()
 	exp := now.Add(n.cfg.maxAge)
-	soft := env.softExp
-	if c.cfg.EarlyRefresh > 0 && !env.negative {
-		soft = soft.Add(-time.Duration(nearRefreshWindow * c.cfg.EarlyRefresh * float64(env.delta)))
+	soft := env.SoftExp
+	if c.cfg.EarlyRefresh > 0 && !env.Negative {
+		soft = soft.Add(-time.Duration(nearRefreshWindow * c.cfg.EarlyRefresh * float64(env.Delta)))
 	}
 	if soft.Before(exp) {
 		exp = soft
 	}
-	if env.pass || !now.Before(exp) {
+	if env.Pass || !now.Before(exp) {
 		return e, false
 	}
 	deadline := n.mono() + int64(exp.Sub(now))
-	return nearEntry{id: id, val: env.payload, fence: env.fence, expires: exp, deadline: deadline, negative: env.negative, epoch: snap.epoch,
-		writtenAt: env.writtenAt, softExp: env.softExp}, true
+	return nearEntry{id: id, val: env.Payload, fence: env.Fence, expires: exp, deadline: deadline, negative: env.Negative, epoch: snap.epoch,
+		writtenAt: env.WrittenAt, softExp: env.SoftExp}, true
 }
 
 // nearIDOfValueKey is the ID of the key whose value's Redis name is vkey

@@ -115,7 +115,7 @@ func nearHotKey(b *testing.B, srv *redistest.Server, near bool, rate int) {
 	for range caches {
 		rdb := srv.Client(b, func(o *redis.Options) { o.PoolSize = per + 8 })
 		// Count all commands, and those naming this key's hash tag.
-		tag := "{" + k.hash() + "}"
+		tag := "{" + k.Hash() + "}"
 		rdb.AddHook(cmdHook{before: func(cmd redis.Cmder) {
 			allCmds.Add(1)
 			if slices.ContainsFunc(cmd.Args(), func(a any) bool { s, ok := a.(string); return ok && strings.Contains(s, tag) }) {

@@ -105,7 +105,7 @@ func rawSet(t *testing.T, rdb redis.UniversalClient, c *Cache, key, val string, 
 func rawSetEnv(t *testing.T, rdb redis.UniversalClient, key string, env *envelope) {
 	t.Helper()
 	k := mustKeys(t, key)
-	if err := rdb.Set(context.Background(), k.value, env.encode(), 0).Err(); err != nil {
+	if err := rdb.Set(context.Background(), k.Value, env.Encode(), 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -586,7 +586,7 @@ func TestNearFillCoalesces(t *testing.T) {
 	rdb := srv.Client(t)
 	var gets atomic.Int64
 	k := mustKeys(t, "near-hot")
-	rdb.AddHook(countGets{key: k.value, n: &gets})
+	rdb.AddHook(countGets{key: k.Value, n: &gets})
 	b := newNearCache(t, rdb, NearOptions{}, nil)
 	ctx := context.Background()
 	if err := b.Set(ctx, "near-hot", []byte("v"), time.Minute); err != nil {
@@ -693,7 +693,7 @@ func TestNearCommitInvalidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	warm(t, b, key, "v1")
-	if err := rdb.Del(ctx, mustKeys(t, key).value).Err(); err != nil {
+	if err := rdb.Del(ctx, mustKeys(t, key).Value).Err(); err != nil {
 		t.Fatal(err)
 	}
 	v, err := a.Get(ctx, key, time.Minute, func(context.Context) ([]byte, error) { return []byte("v2"), nil })
@@ -707,7 +707,7 @@ func TestNearCommitInvalidates(t *testing.T) {
 
 	// A Fill's Commit, and a Pass mark, likewise.
 	warm(t, b, key, "v2")
-	rdb.Del(ctx, mustKeys(t, key).value)
+	rdb.Del(ctx, mustKeys(t, key).Value)
 	_, fill, err := a.Begin(ctx, key, time.Minute, nil)
 	if err != nil || fill == nil {
 		t.Fatalf("Begin: %v, %v", fill, err)
@@ -720,7 +720,7 @@ func TestNearCommitInvalidates(t *testing.T) {
 		t.Fatalf("b after the Fill: %q", got)
 	}
 	warm(t, b, key, "v3")
-	rdb.Del(ctx, mustKeys(t, key).value)
+	rdb.Del(ctx, mustKeys(t, key).Value)
 	_, fill, err = a.Begin(ctx, key, time.Minute, nil)
 	if err != nil || fill == nil {
 		t.Fatalf("Begin: %v, %v", fill, err)
@@ -734,7 +734,7 @@ func TestNearCommitInvalidates(t *testing.T) {
 	// with its subscriber blocked (the message cannot be what does it).
 	// (Begin serves a near copy as Get does, so the copy of v4 is put in
 	// place while the Fill is open.)
-	rdb.Del(ctx, mustKeys(t, key).value)
+	rdb.Del(ctx, mustKeys(t, key).Value)
 	_, fill, err = b.Begin(ctx, key, time.Minute, nil)
 	if err != nil || fill == nil {
 		t.Fatalf("Begin: %v, %v", fill, err)
@@ -891,7 +891,7 @@ func TestNearCluster(t *testing.T) {
 	var keys []string
 	for i := 0; len(keys) < 30; i++ {
 		key := "near-cluster-" + strconv.Itoa(i)
-		m, err := cc.MasterForKey(ctx, mustKeys(t, key).value)
+		m, err := cc.MasterForKey(ctx, mustKeys(t, key).Value)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -998,7 +998,7 @@ func TestNearRing(t *testing.T) {
 	r := ring()
 	for i := range 12 {
 		key := "near-ring-" + strconv.Itoa(i)
-		sh, err := r.GetShardClientForKey(mustKeys(t, key).value)
+		sh, err := r.GetShardClientForKey(mustKeys(t, key).Value)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1041,7 +1041,7 @@ func TestNearBadInput(t *testing.T) {
 	// A value written outside herd that is no envelope: a miss, counted
 	// once (by the flight), rebuilt, then near.
 	rdb := srv.Client(t)
-	rdb.Set(ctx, mustKeys(t, "near-corrupt").value, "not an envelope", 0)
+	rdb.Set(ctx, mustKeys(t, "near-corrupt").Value, "not an envelope", 0)
 	v, err := b.Get(ctx, "near-corrupt", time.Minute, func(context.Context) ([]byte, error) { return []byte("rebuilt"), nil })
 	if err != nil || string(v) != "rebuilt" || b.Stats().Corrupt != 1 {
 		t.Fatalf("corrupt value: %q, %v, corrupt %d", v, err, b.Stats().Corrupt)
@@ -1164,7 +1164,7 @@ func TestNearFillReadGoesToFlight(t *testing.T) {
 	rdb := srv.Client(t)
 	var gets atomic.Int64
 	const key = "near-stale-read"
-	rdb.AddHook(countGets{key: mustKeys(t, key).value, n: &gets})
+	rdb.AddHook(countGets{key: mustKeys(t, key).Value, n: &gets})
 	clock := newFakeClock()
 	b := newNearCache(t, rdb, NearOptions{}, func(o *Options) { o.StaleFor = time.Hour })
 	b.now = clock.Now

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -114,7 +115,7 @@ func (a *acquires) snapshot(t *testing.T, prefix string, keys ...string) []int {
 	var out []int
 	for _, k := range keys {
 		fam, _ := makeKeys(prefix, k)
-		out = append(out, a.n[fam.lease])
+		out = append(out, a.n[fam.Lease])
 	}
 	return out
 }
@@ -157,11 +158,11 @@ func clusterPair(t *testing.T, cc *redis.ClusterClient, prefix string) (k1, k2 s
 		if err != nil {
 			t.Fatal(err)
 		}
-		slot, err := cc.ClusterKeySlot(ctx, fam.channel).Result()
+		slot, err := cc.ClusterKeySlot(ctx, fam.Channel).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := cc.MasterForKey(ctx, fam.channel)
+		m, err := cc.MasterForKey(ctx, fam.Channel)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,7 +190,7 @@ func channelOf(t *testing.T, prefix, key string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return fam.channel
+	return fam.Channel
 }
 
 // waitShardSubscribed waits until the master reports one subscriber of
@@ -250,7 +251,7 @@ func TestShardedPubSubResubscribesAfterKill(t *testing.T) {
 	looks := countAcquires(frdb)
 	follower := New(frdb, psOptions(prefix))
 	t.Cleanup(func() { leader.Close(); follower.Close() })
-	if !follower.notify.publishCmdIs(ctx, "SPUBLISH") {
+	if follower.notify.PublishCmd(ctx) != "SPUBLISH" {
 		t.Fatal("the cluster does not use sharded pub/sub")
 	}
 	k1, k2, master := clusterPair(t, direct, prefix)
@@ -361,11 +362,6 @@ func TestShardedPubSubResubscribesAfterOutputBufferLimit(t *testing.T) {
 	}
 }
 
-// publishCmdIs reports whether the scripts publish with cmd.
-func (n *notifier) publishCmdIs(ctx context.Context, cmd string) bool {
-	return n.publishCmd(ctx) == cmd
-}
-
 // A *redis.Ring of two real servers: Locker.Acquire waits without a panic
 // (Ring.Subscribe panics without channels) and gets the lease after the
 // release; followers of keys on either shard are woken by the leader's
@@ -391,11 +387,11 @@ func TestRingPubSub(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		lease, err := r1.GetShardClientForKey(fam.lease)
+		lease, err := r1.GetShardClientForKey(fam.Lease)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ch, err := r1.GetShardClientForKey(fam.channel)
+		ch, err := r1.GetShardClientForKey(fam.Channel)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -568,9 +564,7 @@ func TestSubscribeHonoursCtx(t *testing.T) {
 		first <- err
 	}()
 	waitFor(t, 5*time.Second, "the first waiter to register", func() bool {
-		waiter.notify.mu.Lock()
-		defer waiter.notify.mu.Unlock()
-		return waiter.notify.topics[channelOf(t, prefix, "h2")] != nil
+		return slices.Contains(waiter.notify.Channels(), channelOf(t, prefix, "h2"))
 	})
 	try("h3")
 	cancelFirst()
@@ -580,9 +574,7 @@ func TestSubscribeHonoursCtx(t *testing.T) {
 		t.Error("a waiter whose ctx was cancelled did not return")
 	}
 
-	waiter.notify.mu.Lock()
-	left := len(waiter.notify.topics)
-	waiter.notify.mu.Unlock()
+	left := len(waiter.notify.Channels())
 	if left != 0 {
 		t.Errorf("%d subscriptions left registered by waiters that gave up", left)
 	}

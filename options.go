@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/herdkit/herd/internal/wire"
 )
 
 // LockerOptions configures a [Locker]. A nil *LockerOptions, and every zero
@@ -123,7 +125,7 @@ func (o *LockerOptions) resolve() lockerConfig {
 	if c.prefix == "" {
 		c.prefix = DefaultPrefix
 	}
-	checkPrefix(c.prefix)
+	wire.CheckPrefix(c.prefix)
 	for name, d := range map[string]time.Duration{
 		"MaxWait": c.maxWait, "PollMin": c.pollMin, "PollMax": c.pollMax, "FenceTTL": c.fenceTTL,
 	} {
@@ -466,7 +468,7 @@ func (o *Options) resolve() cacheConfig {
 	if c.Prefix == "" {
 		c.Prefix = DefaultPrefix
 	}
-	checkPrefix(c.Prefix)
+	wire.CheckPrefix(c.Prefix)
 	// Durations that only drive local timers may be anything positive;
 	// those written to Redis must be whole milliseconds' worth, and lease
 	// lengths must outlast their drift allowance.

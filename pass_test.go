@@ -73,7 +73,7 @@ func TestFillPass(t *testing.T) {
 				remote <- err
 			}()
 			waitFor(t, 5*time.Second, "the remote waiter to follow", func() bool { return other.Stats().Waits == 1 })
-			waitSubscribedTB(t, b, mustKeys(t, key).channel, 1)
+			waitSubscribedTB(t, b, mustKeys(t, key).Channel, 1)
 			waitLocalWaiters(t, c, key, 1)
 			if err := fill.Pass(errors.New("sets a cookie"), time.Minute); err != nil {
 				t.Fatal(err)
@@ -84,7 +84,7 @@ func TestFillPass(t *testing.T) {
 				}
 			}
 			keys := mustKeys(t, key)
-			if pttl := b.rdb.PTTL(ctx, keys.value).Val(); pttl <= 0 || pttl > time.Minute {
+			if pttl := b.rdb.PTTL(ctx, keys.Value).Val(); pttl <= 0 || pttl > time.Minute {
 				t.Errorf("the mark's PTTL is %v, want at most the Pass ttl (1m)", pttl)
 			}
 			for name, cache := range map[string]*Cache{"this": c, "other": other} {
@@ -93,7 +93,7 @@ func TestFillPass(t *testing.T) {
 					t.Errorf("%s process: Begin on a marked key = (%v, %v, %v), want ErrPass wrapped with ErrNotShared", name, hit, f, err)
 				}
 			}
-			if n := b.rdb.Exists(ctx, keys.lease).Val(); n != 0 {
+			if n := b.rdb.Exists(ctx, keys.Lease).Val(); n != 0 {
 				t.Errorf("a Begin on a marked key took the lease")
 			}
 			if s := c.Stats(); s.Passes != 1 || s.NotShared != 1 || s.Loads != 1 || s.LoadErrors != 0 {
@@ -138,7 +138,7 @@ func TestFillPassExpires(t *testing.T) {
 	if _, _, err := c.Begin(ctx, "k", time.Minute, nil); !errors.Is(err, ErrPass) {
 		t.Fatalf("Begin after Pass: %v, want ErrPass", err)
 	}
-	if pttl := rdb.PTTL(ctx, mustKeys(t, "k").value).Val(); pttl <= 0 || pttl > ttl {
+	if pttl := rdb.PTTL(ctx, mustKeys(t, "k").Value).Val(); pttl <= 0 || pttl > ttl {
 		t.Errorf("the mark's PTTL is %v, want in (0, %v]", pttl, ttl)
 	}
 	deadline := time.Now().Add(10 * ttl)

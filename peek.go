@@ -67,25 +67,25 @@ func (c *Cache) Peek(ctx context.Context, key string) (val []byte, found bool, e
 	now := c.now()
 	outcome := OutcomeHit
 	switch {
-	case env.pass:
-		if now.Before(env.softExp) {
+	case env.Pass:
+		if now.Before(env.SoftExp) {
 			recordOutcome(ctx, OutcomePass)
 		}
 		return nil, false, nil
-	case now.Before(env.softExp):
-		if env.negative {
+	case now.Before(env.SoftExp):
+		if env.Negative {
 			outcome = OutcomeNegative
 		}
-	case now.Before(env.staleExp):
+	case now.Before(env.StaleExp):
 		outcome = OutcomeStale
 	default:
 		return nil, false, nil // past its stale window: Redis is about to drop it
 	}
 	recordOutcome(ctx, outcome)
-	if env.negative {
+	if env.Negative {
 		return nil, true, ErrNotFound
 	}
-	return env.payload, true, nil
+	return env.Payload, true, nil
 }
 
 // peekRead GETs key's value at name for Peek through the shared read, as

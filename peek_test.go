@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -62,7 +63,7 @@ func testPeekAnswers(t *testing.T, b backend) {
 
 	clk.Advance(2 * time.Minute)
 	checkPeek(t, c, key, "stale (within StaleFor)", peekWant{"v1", true, nil, OutcomeStale})
-	if n := b.rdb.Exists(ctx, mustKeys(t, key).lease).Val(); n != 0 {
+	if n := b.rdb.Exists(ctx, mustKeys(t, key).Lease).Val(); n != 0 {
 		t.Errorf("after a Peek of a stale value the key's lease is held: Peek must take no lease")
 	}
 	c.refreshMu.Lock()
@@ -112,7 +113,7 @@ func testPeekNoValue(t *testing.T, b backend) {
 	checkPeek(t, c, pass, "pass mark", peekWant{"", false, nil, OutcomePass})
 
 	bad := key + "corrupt"
-	if err := b.rdb.Set(ctx, mustKeys(t, bad).value, "\x01garbage", time.Minute).Err(); err != nil {
+	if err := b.rdb.Set(ctx, mustKeys(t, bad).Value, "\x01garbage", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
 	checkPeek(t, c, bad, "corrupt bytes", peekWant{"", false, nil, OutcomeUnknown})
@@ -121,7 +122,7 @@ func testPeekNoValue(t *testing.T, b backend) {
 	}
 
 	foreign := key + "foreign"
-	if err := b.rdb.HSet(ctx, mustKeys(t, foreign).value, "a", "b").Err(); err != nil {
+	if err := b.rdb.HSet(ctx, mustKeys(t, foreign).Value, "a", "b").Err(); err != nil {
 		t.Fatal(err)
 	}
 	checkPeek(t, c, foreign, "a hash at the value key", peekWant{"", false, nil, OutcomeUnknown})
@@ -213,7 +214,7 @@ func TestPeekReplicaReadsNoStale(t *testing.T) {
 	ro := cl.Client(t, func(o *redis.ClusterOptions) { o.ReadOnly = true })
 	c := newTestCache(t, ro, &Options{ReplicaAcks: -1}) // the replica is cut off on purpose
 	key := "replicated"
-	vkey := mustKeys(t, key).value
+	vkey := mustKeys(t, key).Value
 	master, replica := slotNodes(t, ro, vkey)
 	if err := c.Set(ctx, key, []byte("v1"), time.Hour); err != nil {
 		t.Fatal(err)
@@ -237,7 +238,7 @@ func TestPeekReplicaReadsNoStale(t *testing.T) {
 		if b, _ := ro.Get(ctx, vkey).Bytes(); !bytesHavePayload(b, "v1") {
 			t.Fatalf("%s: the ReadOnly client's own GET does not reach the stale replica (the test proves nothing)", what)
 		}
-		if env, ok := decodeEnvelope([]byte(replica.Get(ctx, vkey).Val())); !ok || env.softExp.Equal(env.writtenAt) {
+		if env, ok := wire.DecodeEnvelope([]byte(replica.Get(ctx, vkey).Val())); !ok || env.SoftExp.Equal(env.WrittenAt) {
 			t.Fatalf("%s: the replica does not hold the fresh v1 (the test proves nothing)", what)
 		}
 	}
@@ -294,7 +295,7 @@ func BenchmarkPeek(b *testing.B) {
 	if err := c.Set(ctx, "k", payload, time.Hour); err != nil {
 		b.Fatal(err)
 	}
-	if err := rdb.Set(ctx, "raw", (&envelope{payload: payload}).encode(), time.Hour).Err(); err != nil {
+	if err := rdb.Set(ctx, "raw", (&envelope{Payload: payload}).Encode(), time.Hour).Err(); err != nil {
 		b.Fatal(err)
 	}
 	fail := func(context.Context) ([]byte, error) { panic("a hit called the loader") }

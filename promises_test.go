@@ -9,6 +9,7 @@ import (
 
 	"github.com/herdkit/herd/internal/faultproxy"
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -263,10 +264,10 @@ func TestBeginHonoursCallerDeadline(t *testing.T) {
 	slowScripts.d.Store(int64(late))
 	begin(key)
 	if !until(10*time.Second, func() bool {
-		return c.Stats().Leads == 1 && r.direct.Exists(context.Background(), keys.lease).Val() == 0
+		return c.Stats().Leads == 1 && r.direct.Exists(context.Background(), keys.Lease).Val() == 0
 	}) {
 		t.Fatalf("the abandoned lookup's lease was not released: leads %d, lease exists %d",
-			c.Stats().Leads, r.direct.Exists(context.Background(), keys.lease).Val())
+			c.Stats().Leads, r.direct.Exists(context.Background(), keys.Lease).Val())
 	}
 	if s := c.Stats(); s.LoadErrors != 0 {
 		t.Errorf("LoadErrors = %d, want 0: a caller leaving is not a failed rebuild", s.LoadErrors)
@@ -301,12 +302,12 @@ func TestWriteRetryIsNoOp(t *testing.T) {
 			key := testKey(t)
 			k := mustKeys(t, key)
 			env := func(v string) []byte {
-				return c.newEnvelope(0, []byte(v), time.Minute, 0, 0).encode()
+				return c.newEnvelope(0, []byte(v), time.Minute, 0, 0).Encode()
 			}
 			set := func(id, v string) string {
 				t.Helper()
-				n, err := setScript.rs.Run(ctx, b.rdb, []string{k.value, k.fence, k.writes + id},
-					env(v), 60000, 60000, c.notify.publishCmd(ctx), k.channel, 1<<14, 60000).Text()
+				n, err := setScript.rs.Run(ctx, b.rdb, []string{k.Value, k.Fence, k.Writes + id},
+					env(v), 60000, 60000, c.notify.PublishCmd(ctx), k.Channel, 1<<14, 60000).Text()
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -314,28 +315,28 @@ func TestWriteRetryIsNoOp(t *testing.T) {
 			}
 			stored := func() string {
 				t.Helper()
-				e, ok := decodeEnvelope([]byte(b.rdb.Get(ctx, k.value).Val()))
+				e, ok := wire.DecodeEnvelope([]byte(b.rdb.Get(ctx, k.Value).Val()))
 				if !ok {
 					return "<none>"
 				}
-				return string(e.payload)
+				return string(e.Payload)
 			}
 			first := set("a", "old")
 			set("b", "new")
-			fence := b.rdb.HGet(ctx, k.fence, "n").Val()
+			fence := b.rdb.HGet(ctx, k.Fence, "n").Val()
 			if again := set("a", "old"); again != first {
 				t.Errorf("retried Set returned fence %s, want its first answer %s", again, first)
 			}
 			if got := stored(); got != "new" {
 				t.Errorf("after a retried Set the value is %q, want the newer Set's %q", got, "new")
 			}
-			if got := b.rdb.HGet(ctx, k.fence, "n").Val(); got != fence {
+			if got := b.rdb.HGet(ctx, k.Fence, "n").Val(); got != fence {
 				t.Errorf("a retried Set advanced the fence from %s to %s", fence, got)
 			}
 
 			inv := func(id string) {
 				t.Helper()
-				if err := invalidateScript.rs.Run(ctx, b.rdb, []string{k.value, k.fence, k.writes + id}, 60000, 60000).Err(); err != nil {
+				if err := invalidateScript.rs.Run(ctx, b.rdb, []string{k.Value, k.Fence, k.Writes + id}, 60000, 60000).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -54,8 +54,8 @@ func TestRedis62ClusterColdWave(t *testing.T) {
 	looks := countAcquires(frdb)
 	follower := newTestCache(t, frdb, psOptions(prefix))
 	for name, c := range map[string]*Cache{"leader": leader, "follower": follower} {
-		if !c.notify.publishCmdIs(ctx, "PUBLISH") {
-			t.Fatalf("%s: the scripts publish with %s, want PUBLISH", name, c.notify.publishCmd(ctx))
+		if c.notify.PublishCmd(ctx) != "PUBLISH" {
+			t.Fatalf("%s: the scripts publish with %s, want PUBLISH", name, c.notify.PublishCmd(ctx))
 		}
 	}
 	keys := keyPerMaster(t, cl.Client(t), prefix)
@@ -167,8 +167,8 @@ func TestRedis62Server(t *testing.T) {
 	}
 	direct := srv.Client(t)
 	waitFor(t, 10*time.Second, "the waiter to subscribe", func() bool {
-		n, err := direct.PubSubNumSub(ctx, job.channel).Result()
-		return err == nil && n[job.channel] == 1
+		n, err := direct.PubSubNumSub(ctx, job.Channel).Result()
+		return err == nil && n[job.Channel] == 1
 	})
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)

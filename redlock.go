@@ -278,7 +278,7 @@ func (r *Redlock) Close() error {
 	}
 	var first error
 	for _, n := range r.notify {
-		if err := n.close(); err != nil && first == nil {
+		if err := n.Close(); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -374,7 +374,7 @@ func (r *Redlock) Acquire(ctx context.Context, key string, ttl time.Duration) (*
 	// too) starts. A subscription already live in this process gets no
 	// confirmation: then look again at once.
 	ping := make(chan struct{}, 1)
-	live, stop := r.listen(ctx, keys.channel, ping, r.nodeTimeout(ttl))
+	live, stop := r.listen(ctx, keys.Channel, ping, r.nodeTimeout(ttl))
 	defer stop()
 
 	backoff := r.cfg.pollMin
@@ -427,7 +427,7 @@ func (r *Redlock) listen(ctx context.Context, channel string, ping chan<- struct
 	for i, n := range r.notify {
 		if _, plain := r.nodes[i].(*redis.Client); plain {
 			// No I/O before the subscription is registered.
-			subs[i], lives[i], _ = n.listen(ctx, channel, ping)
+			subs[i], lives[i], _ = n.Listen(ctx, channel, ping)
 			continue
 		}
 		// A cluster or ring client may look up where the channel lives:
@@ -437,7 +437,7 @@ func (r *Redlock) listen(ctx context.Context, channel string, ping chan<- struct
 			defer wg.Done()
 			lctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
-			subs[i], lives[i], _ = n.listen(lctx, channel, ping)
+			subs[i], lives[i], _ = n.Listen(lctx, channel, ping)
 		}()
 	}
 	wg.Wait()
@@ -447,7 +447,7 @@ func (r *Redlock) listen(ctx context.Context, channel string, ping chan<- struct
 	return live, func() {
 		for _, s := range subs {
 			if s != nil {
-				s.release()
+				s.Release()
 			}
 		}
 	}
@@ -484,7 +484,7 @@ func (r *Redlock) fenceTTL(ttl time.Duration) time.Duration {
 // owner: while it exists, that owner's round-one script takes nothing.
 // It shares the key family's hash tag.
 func releasedKey(keys keyFamily, owner string) string {
-	return keys.lease + ":x:" + owner
+	return keys.Lease + ":x:" + owner
 }
 
 // nodeTimeout is the bound of one round for a lease of length ttl.
@@ -598,7 +598,7 @@ func (r *Redlock) fanout(ctx context.Context, nodes []int, timeout time.Duration
 var errNotAsked = errors.New("not asked")
 
 func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
-	cmd := r.send(ctx, i, redlockAcquireScript, []string{keys.lease, keys.fence, releasedKey(keys, owner)},
+	cmd := r.send(ctx, i, redlockAcquireScript, []string{keys.Lease, keys.Fence, releasedKey(keys, owner)},
 		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds())
 	res, err := cmd.Slice()
 	if err != nil {
@@ -632,12 +632,12 @@ func (r *Redlock) acquireNode(ctx context.Context, i int, keys keyFamily, owner 
 }
 
 func (r *Redlock) raiseNode(ctx context.Context, i int, keys keyFamily, owner string, token uint64, ttl time.Duration) nodeReply {
-	return r.intNode(i, r.send(ctx, i, redlockRaiseScript, []string{keys.lease, keys.fence},
+	return r.intNode(i, r.send(ctx, i, redlockRaiseScript, []string{keys.Lease, keys.Fence},
 		owner, strconv.FormatUint(token, 10), r.fenceTTL(ttl).Milliseconds()))
 }
 
 func (r *Redlock) extendNode(ctx context.Context, i int, keys keyFamily, owner string, ttl time.Duration) nodeReply {
-	return r.intNode(i, r.send(ctx, i, redlockExtendScript, []string{keys.lease, keys.fence},
+	return r.intNode(i, r.send(ctx, i, redlockExtendScript, []string{keys.Lease, keys.Fence},
 		owner, ttl.Milliseconds(), r.fenceTTL(ttl).Milliseconds()))
 }
 
@@ -658,10 +658,10 @@ func (r *Redlock) releaseMarked(ctx context.Context, i int, keys keyFamily, owne
 func (r *Redlock) releaseNotify(ctx context.Context, i int, keys keyFamily, owner string, mark time.Duration, notify bool) nodeReply {
 	publish := ""
 	if notify {
-		publish = r.notify[i].publishCmd(ctx)
+		publish = r.notify[i].PublishCmd(ctx)
 	}
 	return r.intNode(i, r.send(ctx, i, redlockReleaseScript,
-		[]string{keys.lease, keys.fence, releasedKey(keys, owner)}, owner, mark.Milliseconds(), publish, keys.channel))
+		[]string{keys.Lease, keys.Fence, releasedKey(keys, owner)}, owner, mark.Milliseconds(), publish, keys.Channel))
 }
 
 // send runs s on master i through the write path. Redlock's masters are

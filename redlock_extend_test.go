@@ -35,7 +35,7 @@ func TestRedlockExtendNeverShortens(t *testing.T) {
 	}
 	keys, _ := makeKeys(DefaultPrefix, key)
 	for i, c := range g.clients {
-		if p := c.PTTL(ctx, keys.lease).Val(); p < ttl/2 {
+		if p := c.PTTL(ctx, keys.Lease).Val(); p < ttl/2 {
 			t.Errorf("master %d: lease PTTL %v after Extend(300ms) of a 30s lease, want it left near 30s", i, p)
 		}
 	}
@@ -56,7 +56,7 @@ func TestRedlockExtendNeverShortens(t *testing.T) {
 		t.Errorf("Deadline %v not after %v following Extend(2×lease)", a.Deadline(), before)
 	}
 	for i, c := range g.clients {
-		if p := c.PTTL(ctx, keys.lease).Val(); p <= ttl {
+		if p := c.PTTL(ctx, keys.Lease).Val(); p <= ttl {
 			t.Errorf("master %d: lease PTTL %v after Extend(%v)", i, p, 2*ttl)
 		}
 	}
@@ -84,7 +84,7 @@ func TestRedlockContentionLeavesNoMarker(t *testing.T) {
 	}
 	keys, _ := makeKeys(DefaultPrefix, key)
 	for i, c := range g.clients {
-		if m := c.Keys(ctx, keys.lease+":x:*").Val(); len(m) != 0 {
+		if m := c.Keys(ctx, keys.Lease+":x:*").Val(); len(m) != 0 {
 			t.Errorf("master %d: %d released markers left by contended attempts: %v", i, len(m), m)
 		}
 	}
@@ -110,7 +110,7 @@ func TestRedlockReleasedMarkerRefusesLateAcquire(t *testing.T) {
 	if rep := r.acquireNode(ctx, 0, keys, "owner-late", ttl); rep.ok || rep.held || rep.err != nil {
 		t.Errorf("late round one of a released owner: %+v, want refused without another holder", rep)
 	}
-	if n := g.clients[0].Exists(ctx, keys.lease).Val(); n != 0 {
+	if n := g.clients[0].Exists(ctx, keys.Lease).Val(); n != 0 {
 		t.Error("the late round one took the lease")
 	}
 	if rep := r.acquireNode(ctx, 0, keys, "owner-new", ttl); !rep.ok {

@@ -238,8 +238,8 @@ func TestRedlockFenceTTLAtLeastTwiceLease(t *testing.T) {
 	defer l.Release(ctx)
 	keys, _ := makeKeys(DefaultPrefix, key)
 	for i, c := range g.clients {
-		lease, _ := c.PTTL(ctx, keys.lease).Result()
-		fence, _ := c.PTTL(ctx, keys.fence).Result()
+		lease, _ := c.PTTL(ctx, keys.Lease).Result()
+		fence, _ := c.PTTL(ctx, keys.Fence).Result()
 		if fence < lease {
 			t.Errorf("master %d: fence counter TTL %v is shorter than the lease's %v (want at least twice it)", i, fence, lease)
 		}
@@ -316,7 +316,7 @@ func TestRedlockFailedAttemptReleasesEverything(t *testing.T) {
 	for time.Now().Before(deadline) {
 		n := 0
 		for _, c := range g.clients[:2] {
-			if c.Exists(ctx, keys.lease).Val() == 1 {
+			if c.Exists(ctx, keys.Lease).Val() == 1 {
 				n++
 			}
 		}

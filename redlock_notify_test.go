@@ -119,7 +119,7 @@ func TestRedlockAcquireWokenByRelease(t *testing.T) {
 		done := acquireAsync(waiter, key, time.Minute)
 		awaitContended(t, contended, done)
 		if round > 0 {
-			g.awaitSubscribers(keys.channel, 0, 1, 2)
+			g.awaitSubscribers(keys.Channel, 0, 1, 2)
 		}
 		if err := a.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -156,7 +156,7 @@ func TestRedlockAcquireWokenWithDeadMaster(t *testing.T) {
 	}
 	done := acquireAsync(waiter, key, time.Minute)
 	awaitContended(t, contended, done)
-	g.awaitSubscribers(keys.channel, 0, 1)
+	g.awaitSubscribers(keys.Channel, 0, 1)
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -187,7 +187,7 @@ func TestRedlockCloseEndsWaitWithPausedMaster(t *testing.T) {
 	waiter, contended := g.notifiedRedlock()
 	done := acquireAsync(waiter, key, time.Minute)
 	awaitContended(t, contended, done)
-	g.awaitSubscribers(keys.channel, 0, 1)
+	g.awaitSubscribers(keys.Channel, 0, 1)
 	closed := make(chan error, 1)
 	start := time.Now()
 	go func() { closed <- waiter.Close() }()
@@ -232,11 +232,11 @@ func TestRedlockFailedAttemptPublishes(t *testing.T) {
 			key := testKey(t)
 			keys, _ := makeKeys(DefaultPrefix, key)
 			for i, owner := range tc.holders {
-				if err := g.clients[i].Set(ctx, keys.lease, owner, time.Minute).Err(); err != nil {
+				if err := g.clients[i].Set(ctx, keys.Lease, owner, time.Minute).Err(); err != nil {
 					t.Fatal(err)
 				}
 			}
-			sub := g.clients[2].Subscribe(ctx, keys.channel)
+			sub := g.clients[2].Subscribe(ctx, keys.Channel)
 			defer sub.Close()
 			if _, err := sub.Receive(ctx); err != nil { // the confirmation
 				t.Fatal(err)
@@ -244,10 +244,10 @@ func TestRedlockFailedAttemptPublishes(t *testing.T) {
 			if _, err := r.TryAcquire(ctx, key, time.Minute); !errors.Is(err, ErrLeaseHeld) {
 				t.Fatalf("TryAcquire: %v, want ErrLeaseHeld", err)
 			}
-			if n, _ := g.clients[2].Exists(ctx, keys.lease).Result(); n != 0 {
+			if n, _ := g.clients[2].Exists(ctx, keys.Lease).Result(); n != 0 {
 				t.Fatal("the failed attempt left its lease on master 2")
 			}
-			if err := g.clients[2].Publish(ctx, keys.channel, "marker").Err(); err != nil {
+			if err := g.clients[2].Publish(ctx, keys.Channel, "marker").Err(); err != nil {
 				t.Fatal(err)
 			}
 			rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -289,7 +289,7 @@ func TestRedlockSplitVoteResolves(t *testing.T) {
 		}()
 		awaitContended(t, contended, nil) // its result comes on results
 	}
-	g.awaitSubscribers(keys.channel, 0, 1, 2)
+	g.awaitSubscribers(keys.Channel, 0, 1, 2)
 	if err := a.Release(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -66,7 +66,7 @@ func (g *redlockRig) holders(key, owner string) int {
 	keys, _ := makeKeys(DefaultPrefix, key)
 	n := 0
 	for _, c := range g.clients {
-		v, err := c.Get(context.Background(), keys.lease).Result()
+		v, err := c.Get(context.Background(), keys.Lease).Result()
 		if err == nil && v == owner {
 			n++
 		}
@@ -187,7 +187,7 @@ func TestRedlockExtendLosesQuorum(t *testing.T) {
 	}
 	keys, _ := makeKeys(DefaultPrefix, key)
 	for _, c := range g.clients[:3] {
-		c.Del(ctx, keys.lease)
+		c.Del(ctx, keys.Lease)
 	}
 	if err := a.Extend(ctx, 5*time.Second); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("Extend: %v, want ErrLeaseLost", err)
@@ -262,7 +262,7 @@ func TestRedlockThreeMastersKilled(t *testing.T) {
 		}
 		keys, _ := makeKeys(DefaultPrefix, key)
 		for _, i := range []int{1, 3} {
-			if n, _ := g.clients[i].Exists(ctx, keys.lease).Result(); n != 0 {
+			if n, _ := g.clients[i].Exists(ctx, keys.Lease).Result(); n != 0 {
 				t.Errorf("%s: live master %d still holds the failed attempt's lease", name, i)
 			}
 		}
@@ -641,7 +641,7 @@ func TestRedlockRetriedScripts(t *testing.T) {
 			t.Fatalf("raise: %+v", rep)
 		}
 	}
-	if n, _ := g.clients[0].HGet(ctx, keys.fence, "n").Uint64(); n != again.n+1e9 {
+	if n, _ := g.clients[0].HGet(ctx, keys.Fence, "n").Uint64(); n != again.n+1e9 {
 		t.Errorf("counter after two raises = %d, want %d", n, again.n+1e9)
 	}
 	if rep := r.raiseNode(ctx, 0, keys, "owner-b", again.n+2e9, ttl); rep.ok {

@@ -36,12 +36,12 @@ const (
 // 2015). The probability at time t before expiry is exp(−t/(βΔ)).
 func (c *Cache) xfetchDue(env envelope, now time.Time) bool {
 	beta := c.cfg.EarlyRefresh
-	if beta <= 0 || env.delta <= 0 || env.negative {
+	if beta <= 0 || env.Delta <= 0 || env.Negative {
 		return false
 	}
 	u := 1 - c.rand() // in (0, 1]
-	gap := -float64(env.delta) * beta * math.Log(u)
-	return float64(env.softExp.Sub(now)) <= gap
+	gap := -float64(env.Delta) * beta * math.Log(u)
+	return float64(env.SoftExp.Sub(now)) <= gap
 }
 
 // refreshAsync starts one background refresh of f's key, unless one is
@@ -88,7 +88,7 @@ func (c *Cache) refreshAsync(f *flight, seen envelope) {
 		}
 	}
 	rf := &flight{c: c, key: f.key, keys: f.keys, ttl: f.ttl, load: load, refresh: load}
-	fence := (&envelope{fence: seen.fence}).encode()[2:10]
+	fence := (&envelope{Fence: seen.Fence}).Encode()[2:10]
 	go func() {
 		defer func() {
 			c.refreshMu.Lock()

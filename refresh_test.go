@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/herdkit/herd/internal/wire"
 )
 
 // fakeClock is a settable clock for freshness decisions.
@@ -181,7 +183,7 @@ func testStaleIfError(t *testing.T, b backend) {
 		t.Fatalf("stale Get = (%q, %v), want the stale value", v, err)
 	}
 	waitFor(t, 5*time.Second, "the failed refresh", func() bool { return c.Stats().RefreshErrors == 1 })
-	if n := b.rdb.Exists(ctx, mustKeys(t, key).backoff).Val(); n != 1 {
+	if n := b.rdb.Exists(ctx, mustKeys(t, key).Backoff).Val(); n != 1 {
 		t.Fatalf("no refresh backoff in Redis after a failed refresh")
 	}
 	// Within the backoff step, stale hits do not call the source, and once
@@ -209,7 +211,7 @@ func testStaleIfError(t *testing.T, b backend) {
 			v, _ := c.Get(ctx, key, time.Minute, load)
 			return c.Stats().Refreshes >= 2 && string(v) == "good" && calls.Load() >= 3
 		})
-		if n := b.rdb.Exists(ctx, mustKeys(t, key).backoff).Val(); n != 0 {
+		if n := b.rdb.Exists(ctx, mustKeys(t, key).Backoff).Val(); n != 0 {
 			t.Errorf("the backoff marker survived a successful refresh")
 		}
 	}
@@ -346,7 +348,7 @@ func TestXFetchProbability(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
 	for _, t0 := range []float64{0, 0.25, 0.5, 1, 2, 4} {
 		left := time.Duration(t0 * 1.5 * float64(delta))
-		env := envelope{delta: delta, softExp: now.Add(left)}
+		env := envelope{Delta: delta, SoftExp: now.Add(left)}
 		const n = 40000
 		due := 0
 		for range n {
@@ -363,16 +365,16 @@ func TestXFetchProbability(t *testing.T) {
 		}
 	}
 	// Off when β is 0, for negative entries, and without a known Δ.
-	env := envelope{delta: delta, softExp: now}
+	env := envelope{Delta: delta, SoftExp: now}
 	c.cfg.EarlyRefresh = 0
 	if c.xfetchDue(env, now.Add(-time.Millisecond)) {
 		t.Error("due with EarlyRefresh 0")
 	}
 	c.cfg.EarlyRefresh = 1
-	if c.xfetchDue(envelope{softExp: now}, now.Add(-time.Millisecond)) {
+	if c.xfetchDue(envelope{SoftExp: now}, now.Add(-time.Millisecond)) {
 		t.Error("due without a rebuild time")
 	}
-	if c.xfetchDue(envelope{negative: true, delta: delta, softExp: now}, now.Add(-time.Millisecond)) {
+	if c.xfetchDue(envelope{Negative: true, Delta: delta, SoftExp: now}, now.Add(-time.Millisecond)) {
 		t.Error("due for a negative entry")
 	}
 }
@@ -427,14 +429,14 @@ func TestSetExpiry(t *testing.T) {
 			if _, err := c.Get(ctx, key, time.Hour, load); err != nil {
 				t.Fatal(err)
 			}
-			env, ok := decodeEnvelope([]byte(b.rdb.Get(ctx, mustKeys(t, key).value).Val()))
+			env, ok := wire.DecodeEnvelope([]byte(b.rdb.Get(ctx, mustKeys(t, key).Value).Val()))
 			if !ok {
 				t.Fatal("no envelope stored")
 			}
-			if fresh, stale := env.softExp.Sub(env.writtenAt), env.staleExp.Sub(env.writtenAt); fresh != 10*time.Second || stale != time.Minute {
+			if fresh, stale := env.SoftExp.Sub(env.WrittenAt), env.StaleExp.Sub(env.WrittenAt); fresh != 10*time.Second || stale != time.Minute {
 				t.Errorf("stored fresh for %v and servable for %v, want 10s and 1m (SetExpiry over the call's 1h)", fresh, stale)
 			}
-			if pttl := b.rdb.PTTL(ctx, mustKeys(t, key).value).Val(); b.mini == nil && (pttl > time.Minute || pttl < 50*time.Second) {
+			if pttl := b.rdb.PTTL(ctx, mustKeys(t, key).Value).Val(); b.mini == nil && (pttl > time.Minute || pttl < 50*time.Second) {
 				t.Errorf("Redis PTTL = %v, want the hard TTL of about 1m", pttl)
 			}
 			clk.Advance(30 * time.Second)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -59,7 +60,7 @@ func TestReplicaReadsNoStaleHit(t *testing.T) {
 	// wait would (rightly) refuse the writes it makes.
 	c := newTestCache(t, ro, &Options{ReplicaAcks: -1})
 	key := "replicated"
-	vkey := mustKeys(t, key).value
+	vkey := mustKeys(t, key).Value
 	master, replica := slotNodes(t, ro, vkey)
 
 	if err := c.Set(ctx, key, []byte("v1"), time.Hour); err != nil {
@@ -86,9 +87,9 @@ func TestReplicaReadsNoStaleHit(t *testing.T) {
 	stale := func(what string) {
 		t.Helper()
 		b, err := replica.Get(ctx, vkey).Bytes()
-		env, ok := decodeEnvelope(b)
-		if err != nil || !ok || string(env.payload) != "v1" {
-			t.Fatalf("%s: the replica holds (%q, %v), want the stale v1 (the test proves nothing otherwise)", what, env.payload, err)
+		env, ok := wire.DecodeEnvelope(b)
+		if err != nil || !ok || string(env.Payload) != "v1" {
+			t.Fatalf("%s: the replica holds (%q, %v), want the stale v1 (the test proves nothing otherwise)", what, env.Payload, err)
 		}
 		if b, _ := ro.Get(ctx, vkey).Bytes(); !bytesHavePayload(b, "v1") {
 			t.Fatalf("%s: the ReadOnly client's own GET does not reach the stale replica (the test proves nothing)", what)
@@ -145,8 +146,8 @@ func slotNodes(t *testing.T, cc *redis.ClusterClient, key string) (master, repli
 }
 
 func bytesHavePayload(b []byte, want string) bool {
-	env, ok := decodeEnvelope(b)
-	return ok && string(env.payload) == want
+	env, ok := wire.DecodeEnvelope(b)
+	return ok && string(env.Payload) == want
 }
 
 // BenchmarkReadValue compares the two ways the Cache reads a value on a
@@ -171,13 +172,13 @@ func BenchmarkReadValue(b *testing.B) {
 	}{{"GET", false, "cmdstat_get"}, {"script", true, "cmdstat_evalsha"}} {
 		b.Run(mode.name, func(b *testing.B) {
 			c.masterReads = mode.script
-			if _, err := c.readValue(ctx, keys.value); err != nil { // loads the script
+			if _, err := c.readValue(ctx, keys.Value); err != nil { // loads the script
 				b.Fatal(err)
 			}
 			rdb.ConfigResetStat(ctx)
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := c.readValue(ctx, keys.value); err != nil {
+				if _, err := c.readValue(ctx, keys.Value); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -5,6 +5,8 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/herdkit/herd/internal/wire"
 )
 
 // The shared read. Concurrent hits of one key in one process share their
@@ -186,7 +188,7 @@ func (c *Cache) awaitRead(ctx context.Context, rc *readCall, i int) readResult {
 	}
 	r := rc.res
 	if i >= 0 && r.ok {
-		r.env.payload = rc.clones[i]
+		r.env.Payload = rc.clones[i]
 	}
 	return r
 }
@@ -261,7 +263,7 @@ func (c *Cache) sendRead(ctx context.Context, rc *readCall) {
 	c.account(err) // the breaker hears of each read once
 	r := readResult{err: err, found: err == nil}
 	if r.found {
-		if r.env, r.ok = decodeEnvelope(b); !r.ok {
+		if r.env, r.ok = wire.DecodeEnvelope(b); !r.ok {
 			c.countCorrupt(rc.key, len(b))
 		}
 	}
@@ -289,7 +291,7 @@ func (c *Cache) finishRead(rc *readCall, r readResult) {
 	if n > 0 && r.ok {
 		rc.clones = make([][]byte, n)
 		for i := range rc.clones {
-			rc.clones[i] = bytes.Clone(r.env.payload)
+			rc.clones[i] = bytes.Clone(r.env.Payload)
 		}
 	}
 	if done != nil {

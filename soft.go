@@ -5,6 +5,8 @@ import (
 	_ "embed"
 	"fmt"
 	"time"
+
+	"github.com/herdkit/herd/internal/wire"
 )
 
 // softTries bounds the compare-and-swap rounds of one InvalidateSoft. A
@@ -70,7 +72,7 @@ func (c *Cache) InvalidateSoft(ctx context.Context, key string) error {
 	if err != nil {
 		return err
 	}
-	marker := keys.writes + newOwner() // one id for every round: a retry of a round that wrote is a no-op
+	marker := keys.Writes + newOwner() // one id for every round: a retry of a round that wrote is a no-op
 	err = c.untilDone(ctx, key, func() error { return c.invalidateSoft(ctx, keys, marker) })
 	if err != nil {
 		return fmt.Errorf("herd: invalidate soft %q: %w", key, err)
@@ -81,7 +83,7 @@ func (c *Cache) InvalidateSoft(ctx context.Context, key string) error {
 // invalidateSoft runs the compare-and-swap rounds of InvalidateSoft, then,
 // if every round was lost, a plain INVALIDATE.
 func (c *Cache) invalidateSoft(ctx context.Context, keys keyFamily, marker string) error {
-	b, err := c.readValue(ctx, keys.value)
+	b, err := c.readValue(ctx, keys.Value)
 	if isInfraError(err) {
 		return err
 	}
@@ -90,10 +92,10 @@ func (c *Cache) invalidateSoft(ctx context.Context, keys keyFamily, marker strin
 	for range softTries {
 		header, size := "", -1
 		if seen {
-			header, size = string(b[:min(len(b), envelopeHeader)]), len(b)
+			header, size = string(b[:min(len(b), wire.EnvelopeHeader)]), len(b)
 		}
-		cmd, werr := c.repl.run(ctx, c.rdb, keys.fence, softScript, []string{keys.value, keys.fence, marker},
-			header, size, c.softened(b, seen), fenceTTL, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
+		cmd, werr := c.repl.run(ctx, c.rdb, keys.Fence, softScript, []string{keys.Value, keys.Fence, marker},
+			header, size, c.softened(b, seen), fenceTTL, writeMarkerTTL.Milliseconds(), c.nearChan, keys.Hash())
 		res, err := cmd.Slice()
 		if err != nil {
 			return err
@@ -108,8 +110,8 @@ func (c *Cache) invalidateSoft(ctx context.Context, keys keyFamily, marker strin
 			b = []byte(s)
 		}
 	}
-	cmd, werr := c.repl.run(ctx, c.rdb, keys.fence, invalidateScript, []string{keys.value, keys.fence, marker},
-		fenceTTL, writeMarkerTTL.Milliseconds(), c.nearChan, keys.hash())
+	cmd, werr := c.repl.run(ctx, c.rdb, keys.Fence, invalidateScript, []string{keys.Value, keys.Fence, marker},
+		fenceTTL, writeMarkerTTL.Milliseconds(), c.nearChan, keys.Hash())
 	if err := cmd.Err(); err != nil {
 		return err
 	}
@@ -128,15 +130,15 @@ func (c *Cache) softened(b []byte, seen bool) []byte {
 	if !seen {
 		return nil
 	}
-	env, ok := decodeEnvelope(b)
+	env, ok := wire.DecodeEnvelope(b)
 	now := c.now()
-	if !ok || env.pass || !now.Before(env.staleExp) {
+	if !ok || env.Pass || !now.Before(env.StaleExp) {
 		return nil
 	}
-	env.softExp = env.writtenAt
-	if now.Before(env.softExp) {
-		env.softExp = now
+	env.SoftExp = env.WrittenAt
+	if now.Before(env.SoftExp) {
+		env.SoftExp = now
 	}
-	env.delta = 0
-	return env.encode()
+	env.Delta = 0
+	return env.Encode()
 }

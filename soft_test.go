@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -34,14 +35,14 @@ func TestInvalidateSoft(t *testing.T) {
 // peekEnvelope returns the envelope stored for key (prefix herd).
 func peekEnvelope(t *testing.T, rdb redis.UniversalClient, key string) (envelope, bool) {
 	t.Helper()
-	b, err := rdb.Get(context.Background(), mustKeys(t, key).value).Bytes()
+	b, err := rdb.Get(context.Background(), mustKeys(t, key).Value).Bytes()
 	if errors.Is(err, redis.Nil) {
 		return envelope{}, false
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	env, ok := decodeEnvelope(b)
+	env, ok := wire.DecodeEnvelope(b)
 	if !ok {
 		t.Fatalf("the value of %q is not an intact envelope: %q", key, b)
 	}
@@ -51,7 +52,7 @@ func peekEnvelope(t *testing.T, rdb redis.UniversalClient, key string) (envelope
 // fenceOf returns key's fence counter.
 func fenceOf(t *testing.T, rdb redis.UniversalClient, key string) uint64 {
 	t.Helper()
-	n, err := rdb.HGet(context.Background(), mustKeys(t, key).fence, "n").Uint64()
+	n, err := rdb.HGet(context.Background(), mustKeys(t, key).Fence, "n").Uint64()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -163,8 +164,8 @@ func testSoftFencesOlderRebuild(t *testing.T, b backend) {
 		_, busy := a.refreshing[key]
 		return !busy
 	})
-	if env, ok := peekEnvelope(t, b.rdb, key); !ok || string(env.payload) != "v1" {
-		t.Fatalf("after the fenced commit the value is %q (found %v), want the old v1: the older rebuild ended the stale period", env.payload, ok)
+	if env, ok := peekEnvelope(t, b.rdb, key); !ok || string(env.Payload) != "v1" {
+		t.Fatalf("after the fenced commit the value is %q (found %v), want the old v1: the older rebuild ended the stale period", env.Payload, ok)
 	}
 	var o Outcome
 	if v, found, err := bc.Peek(WithOutcome(ctx, &o), key); err != nil || !found || string(v) != "v1" || o != OutcomeStale {
@@ -194,7 +195,7 @@ func testSoftWindow(t *testing.T, b backend) {
 	if _, err := c.Get(ctx, key, time.Hour, constLoader(&calls, "v1")); err != nil {
 		t.Fatal(err)
 	}
-	vkey := mustKeys(t, key).value
+	vkey := mustKeys(t, key).Value
 	pttl := b.rdb.PTTL(ctx, vkey).Val()
 	clk.Advance(20 * time.Minute)
 	if err := c.InvalidateSoft(ctx, key); err != nil {
@@ -204,9 +205,9 @@ func testSoftWindow(t *testing.T, b backend) {
 		t.Errorf("PTTL after InvalidateSoft = %v, want in (0, %v]: the value's life must not grow", after, pttl)
 	}
 	env, ok := peekEnvelope(t, b.rdb, key)
-	if !ok || !env.softExp.Equal(env.writtenAt) || !env.staleExp.Equal(env.writtenAt.Add(time.Hour)) || env.delta != 0 {
+	if !ok || !env.SoftExp.Equal(env.WrittenAt) || !env.StaleExp.Equal(env.WrittenAt.Add(time.Hour)) || env.Delta != 0 {
 		t.Fatalf("envelope after InvalidateSoft: found %v, written %v, fresh until %v, stale until %v, Δ %v; want fresh until its write, stale until write + 1h, Δ 0",
-			ok, env.writtenAt, env.softExp, env.staleExp, env.delta)
+			ok, env.WrittenAt, env.SoftExp, env.StaleExp, env.Delta)
 	}
 	var o Outcome
 	if v, found, err := c.Peek(WithOutcome(ctx, &o), key); err != nil || !found || string(v) != "v1" || o != OutcomeStale {
@@ -320,7 +321,7 @@ func testSoftPassMark(t *testing.T, b backend) {
 		t.Fatal(err)
 	}
 	if env, ok := peekEnvelope(t, b.rdb, key); ok {
-		t.Errorf("after InvalidateSoft the pass mark is still there (pass %v), want it deleted", env.pass)
+		t.Errorf("after InvalidateSoft the pass mark is still there (pass %v), want it deleted", env.Pass)
 	}
 }
 
@@ -463,8 +464,8 @@ func TestInvalidateSoftLostRace(t *testing.T) {
 			}
 			// Every raced Set came before the invalidation: no rebuild that
 			// began before the last of them may commit after it.
-			if env, ok := peekEnvelope(t, srv.Client(t), key); ok && env.fence != fenceOf(t, srv.Client(t), key) {
-				t.Errorf("the stored value's fence %d is not the key's fence %d", env.fence, fenceOf(t, srv.Client(t), key))
+			if env, ok := peekEnvelope(t, srv.Client(t), key); ok && env.Fence != fenceOf(t, srv.Client(t), key) {
+				t.Errorf("the stored value's fence %d is not the key's fence %d", env.Fence, fenceOf(t, srv.Client(t), key))
 			}
 		})
 	}

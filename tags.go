@@ -10,9 +10,9 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -339,7 +339,7 @@ func (c *Cache) tagBound(t tagging) int {
 func (c *Cache) indexTags(f *flight, lease *Lease, t tagging, ttl time.Duration, loadStart time.Time) (cur currency, ok bool) {
 	purged, err := false, t.err
 	if err == nil {
-		purged, err = c.recordTags(c.ctx, f.keys.hash(), t.tags, ttl, &f.gen, c.tagBound(t))
+		purged, err = c.recordTags(c.ctx, f.keys.Hash(), t.tags, ttl, &f.gen, c.tagBound(t))
 	}
 	if c.tagHooks != nil && c.tagHooks.indexed != nil {
 		c.tagHooks.indexed(f.key, purged, err)
@@ -493,8 +493,8 @@ func (c *Cache) purge(ctx context.Context, tags []string) error {
 	}
 	calls := make([]*scriptCall, 0, len(members))
 	for m := range members {
-		keys := familyOf(c.cfg.Prefix, m)
-		calls = append(calls, &scriptCall{route: keys.fence, keys: []string{keys.value, keys.fence, keys.writes + newOwner()},
+		keys := wire.FamilyOf(c.cfg.Prefix, m)
+		calls = append(calls, &scriptCall{route: keys.Fence, keys: []string{keys.Value, keys.Fence, keys.Writes + newOwner()},
 			args: []any{c.fenceTTL(time.Hour).Milliseconds(), writeMarkerTTL.Milliseconds(), c.nearChan, m}})
 	}
 	repl.runBatch(ctx, c.rdb, invalidateScript, calls)
@@ -555,7 +555,7 @@ func (c *Cache) scanTags(ctx context.Context, tags []string, g string) (map[stri
 				return nil, fmt.Errorf("purge tag %q: %w", s.tag, err)
 			}
 			for _, m := range res[1:] {
-				if isHashTag(m) {
+				if wire.IsHashTag(m) {
 					members[m] = struct{}{}
 				}
 			}
@@ -569,17 +569,6 @@ func (c *Cache) scanTags(ctx context.Context, tags []string, g string) (map[stri
 		}
 	}
 	return members, nil
-}
-
-// isHashTag reports whether m is a key's hash tag as makeKeys makes it:
-// 43 bytes of base64url. Anything else in an index is not herd's.
-func isHashTag(m string) bool {
-	if len(m) != base64.RawURLEncoding.EncodedLen(sha256.Size) {
-		return false
-	}
-	return !strings.ContainsFunc(m, func(r rune) bool {
-		return !(r >= 'A' && r <= 'Z' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || r == '_')
-	})
 }
 
 // wroteAll counts a write of every key in this Cache (see currency): a

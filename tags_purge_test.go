@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd/internal/redistest"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -25,7 +26,7 @@ func fakeTagged(t *testing.T, rdb redis.UniversalClient, prefix, tag string, n i
 	for i := range n {
 		h := mustHash(t, fmt.Sprintf("key-%d", i))
 		hashes[i] = h
-		pipe.Set(ctx, familyOf(prefix, h).value, "v", time.Hour)
+		pipe.Set(ctx, wire.FamilyOf(prefix, h).Value, "v", time.Hour)
 		pipe.ZAdd(ctx, tk.index, redis.Z{Score: float64(base + int64(i/3)), Member: h})
 	}
 	pipe.PExpire(ctx, tk.index, 2*time.Hour)
@@ -75,7 +76,7 @@ func TestTagPurgeAcrossFailover(t *testing.T) {
 	}
 	left := 0
 	for _, h := range hashes {
-		n, err := p.r.Exists(ctx, familyOf(prefix, h).value).Result()
+		n, err := p.r.Exists(ctx, wire.FamilyOf(prefix, h).Value).Result()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +109,7 @@ func TestTagPurgePagesTies(t *testing.T) {
 		if i >= purgePage+purgePage/2 {
 			score = base + int64(i) // ...then distinct ones
 		}
-		pipe.Set(ctx, familyOf(prefix, h).value, "v", time.Hour)
+		pipe.Set(ctx, wire.FamilyOf(prefix, h).Value, "v", time.Hour)
 		pipe.ZAdd(ctx, tk.index, redis.Z{Score: float64(score), Member: h})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
@@ -128,7 +129,7 @@ func TestTagPurgePagesTies(t *testing.T) {
 	}
 	left := 0
 	for _, h := range hashes {
-		left += int(rdb.Exists(ctx, familyOf(prefix, h).value).Val())
+		left += int(rdb.Exists(ctx, wire.FamilyOf(prefix, h).Value).Val())
 	}
 	if left > 0 {
 		t.Errorf("%d of %d tagged values left after InvalidateTag", left, len(hashes))

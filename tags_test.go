@@ -40,7 +40,7 @@ func (r *tagRig) stored(key string) bool {
 	if err != nil {
 		r.t.Fatal(err)
 	}
-	n, err := r.rdb.Exists(context.Background(), keys.value).Result()
+	n, err := r.rdb.Exists(context.Background(), keys.Value).Result()
 	if err != nil {
 		r.t.Fatal(err)
 	}
@@ -194,7 +194,7 @@ func testPurgeRemovesEveryTaggedValue(t *testing.T, r *tagRig) {
 		others := 0
 		for i := range n {
 			keys, _ := makeKeys(r.prefix, key(i))
-			node, err := cc.MasterForKey(ctx, keys.value)
+			node, err := cc.MasterForKey(ctx, keys.Value)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -630,7 +630,7 @@ func mustHash(t *testing.T, key string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return keys.hash()
+	return keys.Hash()
 }
 
 // The index lives as long as its longest-lived value plus the grace, and
@@ -669,7 +669,7 @@ func testIndexExpiresWithEntries(t *testing.T, r *tagRig) {
 	within("purge generation", pttl(tk.purged), purgedTTL-time.Minute, purgedTTL)
 	// The value's PX stays within its member's score.
 	keys, _ := makeKeys(r.prefix, "b")
-	if v := pttl(keys.value); v > 3*time.Hour {
+	if v := pttl(keys.Value); v > 3*time.Hour {
 		t.Fatalf("value PTTL %v above its ttl", v)
 	}
 }
@@ -859,7 +859,7 @@ func TestTagPurgeRedisDown(t *testing.T) {
 	}
 	srv.Restart(t)
 	keys, _ := makeKeys(DefaultPrefix, "k2")
-	if n := rdb.Exists(ctx, keys.value).Val(); n != 0 {
+	if n := rdb.Exists(ctx, keys.Value).Val(); n != 0 {
 		t.Fatal("a tagged value whose tags were not recorded is stored")
 	}
 }

@@ -14,7 +14,7 @@ import (
 // With no Observer, or one without the Start hooks, the hooks cost a nil
 // check: no call, no allocation.
 func TestStartHooksUnsetAllocateNothing(t *testing.T) {
-	f := &flight{key: "k", keys: keyFamily{value: "v:{tag}"}}
+	f := &flight{key: "k", keys: keyFamily{Value: "v:{tag}"}}
 	lease := &Lease{token: 7}
 	for _, s := range []*signals{
 		newSignals(nil, nil, nil),

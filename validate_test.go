@@ -60,7 +60,7 @@ func TestTTLRangeValueCalls(t *testing.T) {
 	if v, err := c.Get(ctx, "k-set", minTTL+time.Hour, load); err != nil || string(v) != "w" {
 		t.Errorf("Get after Set(maxTTL) = (%q, %v), want w", v, err)
 	}
-	if pttl := rdb.PTTL(ctx, mustKeys(t, "k-set").value).Val(); pttl < maxTTL {
+	if pttl := rdb.PTTL(ctx, mustKeys(t, "k-set").Value).Val(); pttl < maxTTL {
 		t.Errorf("PTTL of a value set for maxTTL with StaleFor maxTTL = %v, want at least %v", pttl, maxTTL)
 	}
 }
@@ -81,7 +81,7 @@ func TestTTLRangeLocker(t *testing.T) {
 			t.Errorf("Acquire(ttl %v) of a free key: got %v, want ErrInvalidTTL", ttl, err)
 		}
 	}
-	if n := rdb.Exists(ctx, mustKeys(t, "free").lease).Val(); n != 0 {
+	if n := rdb.Exists(ctx, mustKeys(t, "free").Lease).Val(); n != 0 {
 		t.Errorf("an invalid acquire left a lease in Redis")
 	}
 	// The shortest lease is not rejected by validation (whether the reply
@@ -96,7 +96,7 @@ func TestTTLRangeLocker(t *testing.T) {
 		t.Fatalf("TryAcquire(ttl maxTTL): %v", err)
 	}
 	defer lease.Release(ctx)
-	if pttl := rdb.PTTL(ctx, mustKeys(t, "long").lease).Val(); pttl < maxTTL-time.Minute {
+	if pttl := rdb.PTTL(ctx, mustKeys(t, "long").Lease).Val(); pttl < maxTTL-time.Minute {
 		t.Errorf("PTTL of a lease for maxTTL = %v", pttl)
 	}
 	for _, ttl := range []time.Duration{2 * time.Millisecond, math.MaxInt64} {
@@ -196,8 +196,8 @@ func TestCommitScriptValidatesFirst(t *testing.T) {
 		{"negative ttl", "-5", nil},
 		{"ttl not a number", "soon", nil},
 		{"fence of the wrong type", "60000", func(k keyFamily) {
-			rdb.Del(ctx, k.fence)
-			rdb.Set(ctx, k.fence, "not a hash", 0)
+			rdb.Del(ctx, k.Fence)
+			rdb.Set(ctx, k.Fence, "not a hash", 0)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -211,19 +211,19 @@ func TestCommitScriptValidatesFirst(t *testing.T) {
 			if tc.before != nil {
 				tc.before(k)
 			}
-			fence, _ := rdb.HGet(ctx, k.fence, "r").Result()
-			err = commitScript.rs.Run(ctx, rdb, []string{k.value, k.lease, k.fence, k.backoff},
-				lease.token, "envelope", tc.ttl, lease.value, "PUBLISH", k.channel, "w", "r").Err()
+			fence, _ := rdb.HGet(ctx, k.Fence, "r").Result()
+			err = commitScript.rs.Run(ctx, rdb, []string{k.Value, k.Lease, k.Fence, k.Backoff},
+				lease.token, "envelope", tc.ttl, lease.value, "PUBLISH", k.Channel, "w", "r").Err()
 			if err == nil {
 				t.Fatal("COMMIT with an invalid argument succeeded")
 			}
-			if got := rdb.Get(ctx, k.lease).Val(); got != lease.value {
+			if got := rdb.Get(ctx, k.Lease).Val(); got != lease.value {
 				t.Errorf("after a failed COMMIT (%v) the lease is %q, want it still held (%q)", err, got, lease.value)
 			}
-			if got, _ := rdb.HGet(ctx, k.fence, "r").Result(); got != fence {
+			if got, _ := rdb.HGet(ctx, k.Fence, "r").Result(); got != fence {
 				t.Errorf("after a failed COMMIT the released marker is %q, want %q", got, fence)
 			}
-			if n := rdb.Exists(ctx, k.value).Val(); n != 0 {
+			if n := rdb.Exists(ctx, k.Value).Val(); n != 0 {
 				t.Errorf("a failed COMMIT wrote the value")
 			}
 		})

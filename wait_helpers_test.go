@@ -77,38 +77,8 @@ func (h *acquireCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) red
 }
 
 // notifierSettled reports whether every pub/sub connection of n has sent
-// what its subscribers want: each wanted channel subscribed, no channel
-// that nobody wants left subscribed (but the one a sharded connection
-// keeps for its reconnects), no command in progress and no kick pending.
-// A release that wrongly dropped a channel still wanted has then had its
-// UNSUBSCRIBE sent.
-func notifierSettled(n *notifier) bool {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	for _, c := range n.conns {
-		if len(c.kick) > 0 || c.failing != nil {
-			return false
-		}
-		for ch := range c.topics {
-			if st := c.chans[ch]; st == nil || !st.sent {
-				return false
-			}
-		}
-		unwanted := 0
-		for ch, st := range c.chans {
-			if st.busy {
-				return false
-			}
-			if c.topics[ch] == nil {
-				unwanted++
-			}
-		}
-		if unwanted > 0 && !(c.sharded && len(c.topics) == 0 && unwanted == 1) {
-			return false
-		}
-	}
-	return true
-}
+// what its subscribers want (see pubsub.Notifier.Settled).
+func notifierSettled(n *notifier) bool { return n.Settled() }
 
 // serverCalls returns how many times the server rdb talks to has run the
 // command cmd (lower case), from INFO commandstats.
