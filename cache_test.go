@@ -629,7 +629,11 @@ func testFollowersAcrossCaches(t *testing.T, b backend) {
 			acquired.Add(1)
 		}
 	}})
-	leader := newTestCache(t, b.rdb, nil)
+	// No poll may come before the value: the leader's lease (whose end a
+	// follower looks at) and the followers' PollMax are longer than the
+	// test, however slow the machine, so a poll here means a message was
+	// missed.
+	leader := newTestCache(t, b.rdb, &Options{DefaultLease: time.Minute, MaxLease: time.Minute})
 	done := make(chan []byte, 1)
 	go func() {
 		v, _ := leader.Get(context.Background(), key, time.Minute, g.load)
@@ -648,7 +652,7 @@ func testFollowersAcrossCaches(t *testing.T, b backend) {
 	var followers []*Cache
 	results := make(chan []byte, 3)
 	for range 3 {
-		f := newTestCache(t, b.rdb, &Options{Observer: obs})
+		f := newTestCache(t, b.rdb, &Options{Observer: obs, PollMax: time.Minute})
 		followers = append(followers, f)
 		go func() {
 			v, err := f.Get(context.Background(), key, time.Minute, g.load)
