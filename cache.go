@@ -46,13 +46,10 @@ type Cache struct {
 	// readJobs hands a read to an idle reader goroutine (sharedread.go).
 	readJobs  chan *readCall
 	readStall time.Duration // readStall; tests lengthen it
-	// joinUnread is joinUnread (flightgroup.go); tests that need every
-	// caller to read first set 0.
-	joinUnread time.Duration
-	local      chan struct{} // semaphore of MaxLocalLoads
-	brk        breaker
-	stats      counters
-	sig        *signals // observer, classes and rate-limited logging, shared with locker
+	local     chan struct{} // semaphore of MaxLocalLoads
+	brk       breaker
+	stats     counters
+	sig       *signals // observer, classes and rate-limited logging, shared with locker
 
 	masterReads bool // rdb may route GET to a replica: read values with getScript
 
@@ -158,7 +155,6 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		rand:       rand.Float64,
 		readJobs:   make(chan *readCall),
 		readStall:  readStall,
-		joinUnread: joinUnread,
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if cfg.near.on {

@@ -3,7 +3,6 @@ package herd
 import (
 	"runtime/debug"
 	"sync"
-	"time"
 
 	"golang.org/x/sync/singleflight"
 )
@@ -23,24 +22,7 @@ type flightGroup struct {
 // mutex.
 type flightCall struct {
 	waiters []func(singleflight.Result)
-	dups    int       // waiters beyond the first
-	start   time.Time // when the call started (see joinable)
-}
-
-// joinUnread is how long after a key's call starts a Get joins it without
-// reading the key first (see Cache.lookup).
-const joinUnread = time.Second
-
-// joinable reports whether a call of key started less than within ago
-// and is still running.
-func (g *flightGroup) joinable(key string, within time.Duration) bool {
-	if within <= 0 {
-		return false
-	}
-	g.mu.Lock()
-	call := g.m[key]
-	g.mu.Unlock()
-	return call != nil && time.Since(call.start) < within
+	dups    int // waiters beyond the first
 }
 
 // DoChan starts a call of fn for key in a new goroutine, unless one is
@@ -91,7 +73,7 @@ func (g *flightGroup) join(key string, deliver func(singleflight.Result)) (call 
 	if g.m == nil {
 		g.m = make(map[string]*flightCall)
 	}
-	call = &flightCall{waiters: []func(singleflight.Result){deliver}, start: time.Now()}
+	call = &flightCall{waiters: []func(singleflight.Result){deliver}}
 	g.m[key] = call
 	return call, true
 }

@@ -138,23 +138,11 @@ func valueKey(prefix, key string) (string, error) {
 
 // lookup is Get's read before the flight: the near cache when it is on,
 // then, unless it answered or read for the flight, the hit path.
-//
-// A Get that finds its key's flight under way in this process, begun less
-// than joinUnread ago, joins it without reading: the flight read the key
-// when it began and found no answer there, and its answer is this
-// caller's too when it is current for it (flightResult.answers; else the
-// caller takes the next flight). So a wave of callers of a missing key
-// sends one GET per process, not one per caller. A flight older than that
-// is read past: a value may have landed that it has not heard of (a lost
-// wake-up waits for the next poll).
 func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
 	if c.near != nil {
 		if val, done, pre, err = c.nearGet(ctx, key, vkey); done || pre != nil {
 			return val, done, pre, err
 		}
-	}
-	if c.group.joinable(key, c.joinUnread) {
-		return nil, false, nil, nil
 	}
 	return c.hit(ctx, key, vkey)
 }

@@ -236,9 +236,6 @@ func TestHitNextFlightFromAnOlderPreRead(t *testing.T) {
 				}
 			}}
 			c := newTestCache(t, rdb, &Options{MaxRefreshes: 1, Observer: obs})
-			// The Bs must read, as callers do once a flight is older than
-			// joinUnread: here A's is younger.
-			c.joinUnread = 0
 			w := newTestCache(t, srv.Client(t), &Options{StaleFor: time.Hour}) // another process: the writer
 			bg := context.Background()
 			stale := func(key string) {
