@@ -2,9 +2,7 @@ package herd
 
 import (
 	"context"
-	"crypto/sha256"
 	_ "embed"
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -89,22 +87,13 @@ const (
 	defaultTagEntries = 100_000
 )
 
-// tagFamily holds the Redis names of one tag, in one slot.
-type tagFamily struct {
-	index  string // P:{H}:tz
-	purged string // P:{H}:tp
-}
+// tagFamily holds the Redis names of one tag (internal/wire).
+type tagFamily = wire.TagFamily
 
-func makeTagKeys(prefix, tag string) tagFamily {
-	h := sha256.New()
-	h.Write([]byte("tag\x00"))
-	h.Write([]byte(tag))
-	base := prefix + ":{" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)) + "}:"
-	return tagFamily{index: base + "tz", purged: base + "tp"}
-}
+func makeTagKeys(prefix, tag string) tagFamily { return wire.TagKeys(prefix, tag) }
 
 // genKey is the name of a prefix's purge generation.
-func genKey(prefix string) string { return prefix + ":tg" }
+func genKey(prefix string) string { return wire.GenKey(prefix) }
 
 // checkTags validates tags and returns them sorted, without repeats.
 func checkTags(tags []string) ([]string, error) {
@@ -397,7 +386,7 @@ func (c *Cache) recordTags(ctx context.Context, member string, tags []string, tt
 	calls := make([]*scriptCall, len(tags))
 	for i, tag := range tags {
 		tk := makeTagKeys(c.cfg.Prefix, tag)
-		calls[i] = &scriptCall{route: tk.index, keys: []string{tk.index, tk.purged},
+		calls[i] = &scriptCall{route: tk.Index, keys: []string{tk.Index, tk.Purged},
 			args: []any{g0, member, ttl.Milliseconds(), tagGrace.Milliseconds(), most}}
 	}
 	c.repl.runBatch(ctx, c.rdb, tagAddScript, calls)
@@ -538,7 +527,7 @@ func (c *Cache) scanTags(ctx context.Context, tags []string, g string) (map[stri
 		}
 		calls := make([]*scriptCall, len(active))
 		for i, s := range active {
-			calls[i] = &scriptCall{route: s.keys.index, keys: []string{s.keys.index, s.keys.purged},
+			calls[i] = &scriptCall{route: s.keys.Index, keys: []string{s.keys.Index, s.keys.Purged},
 				args: []any{g, purgedTTL.Milliseconds(), s.cursor, purgePage}}
 		}
 		c.repl.runBatch(ctx, c.rdb, tagPurgeScript, calls)

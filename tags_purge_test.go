@@ -27,9 +27,9 @@ func fakeTagged(t *testing.T, rdb redis.UniversalClient, prefix, tag string, n i
 		h := mustHash(t, fmt.Sprintf("key-%d", i))
 		hashes[i] = h
 		pipe.Set(ctx, wire.FamilyOf(prefix, h).Value, "v", time.Hour)
-		pipe.ZAdd(ctx, tk.index, redis.Z{Score: float64(base + int64(i/3)), Member: h})
+		pipe.ZAdd(ctx, tk.Index, redis.Z{Score: float64(base + int64(i/3)), Member: h})
 	}
-	pipe.PExpire(ctx, tk.index, 2*time.Hour)
+	pipe.PExpire(ctx, tk.Index, 2*time.Hour)
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -110,19 +110,19 @@ func TestTagPurgePagesTies(t *testing.T) {
 			score = base + int64(i) // ...then distinct ones
 		}
 		pipe.Set(ctx, wire.FamilyOf(prefix, h).Value, "v", time.Hour)
-		pipe.ZAdd(ctx, tk.index, redis.Z{Score: float64(score), Member: h})
+		pipe.ZAdd(ctx, tk.Index, redis.Z{Score: float64(score), Member: h})
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		t.Fatal(err)
 	}
 	c.tagHooks = &tagHooks{paged: func(int) {
 		// Raise the lowest member far ahead, as a rebuild's TAGADD may.
-		z, err := rdb.ZRangeWithScores(ctx, tk.index, 0, 0).Result()
+		z, err := rdb.ZRangeWithScores(ctx, tk.Index, 0, 0).Result()
 		if err != nil || len(z) == 0 {
 			t.Errorf("ZRANGE: %v", err)
 			return
 		}
-		rdb.ZAdd(ctx, tk.index, redis.Z{Score: float64(base + 1e6), Member: z[0].Member})
+		rdb.ZAdd(ctx, tk.Index, redis.Z{Score: float64(base + 1e6), Member: z[0].Member})
 	}}
 	if err := c.InvalidateTag(ctx, "ties"); err != nil {
 		t.Fatalf("InvalidateTag: %v", err)

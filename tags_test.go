@@ -187,7 +187,7 @@ func testPurgeRemovesEveryTaggedValue(t *testing.T, r *tagRig) {
 		// The keys spread over the masters: most live on another master
 		// than the tag's index.
 		cc := r.rdb.(*redis.ClusterClient)
-		tagNode, err := cc.MasterForKey(ctx, makeTagKeys(r.prefix, "all").index)
+		tagNode, err := cc.MasterForKey(ctx, makeTagKeys(r.prefix, "all").Index)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -610,7 +610,7 @@ func testFullIndexRefuses(t *testing.T, r *tagRig) {
 		t.Fatalf("tagged Set of a key in the full index: %v", err)
 	}
 	// Members whose values are dead leave the index at the next TAGADD.
-	idx := makeTagKeys(r.prefix, "t").index
+	idx := makeTagKeys(r.prefix, "t").Index
 	if err := r.rdb.ZAdd(ctx, idx, redis.Z{Score: 1, Member: "dead"}).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -656,17 +656,17 @@ func testIndexExpiresWithEntries(t *testing.T, r *tagRig) {
 	if err := c.Set(ctx, "a", []byte("v"), time.Hour, "t"); err != nil {
 		t.Fatal(err)
 	}
-	within("index after a 1h value", pttl(tk.index), time.Hour, time.Hour+tagGrace)
+	within("index after a 1h value", pttl(tk.Index), time.Hour, time.Hour+tagGrace)
 	if err := c.Set(ctx, "b", []byte("v"), 3*time.Hour, "t"); err != nil {
 		t.Fatal(err)
 	}
-	within("index after a 3h value", pttl(tk.index), 3*time.Hour, 3*time.Hour+tagGrace)
+	within("index after a 3h value", pttl(tk.Index), 3*time.Hour, 3*time.Hour+tagGrace)
 	if err := c.Set(ctx, "c", []byte("v"), time.Minute, "t"); err != nil {
 		t.Fatal(err)
 	}
-	within("index after a shorter value", pttl(tk.index), 3*time.Hour, 3*time.Hour+tagGrace)
+	within("index after a shorter value", pttl(tk.Index), 3*time.Hour, 3*time.Hour+tagGrace)
 	r.purge(c, "t")
-	within("purge generation", pttl(tk.purged), purgedTTL-time.Minute, purgedTTL)
+	within("purge generation", pttl(tk.Purged), purgedTTL-time.Minute, purgedTTL)
 	// The value's PX stays within its member's score.
 	keys, _ := makeKeys(r.prefix, "b")
 	if v := pttl(keys.Value); v > 3*time.Hour {
@@ -747,7 +747,7 @@ func testTagForeignValues(t *testing.T, r *tagRig) {
 	ctx := context.Background()
 	var loads atomic.Int64
 	tk := makeTagKeys(r.prefix, "t")
-	if err := r.rdb.Set(ctx, tk.index, "foreign", 0).Err(); err != nil {
+	if err := r.rdb.Set(ctx, tk.Index, "foreign", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
 	if v := r.get(c, "k", taggedLoader(&loads, "v", "t")); v != "v" || r.stored("k") {
@@ -759,9 +759,9 @@ func testTagForeignValues(t *testing.T, r *tagRig) {
 	if err := c.InvalidateTag(ctx, "t"); err == nil || !strings.Contains(err.Error(), "not a sorted set") {
 		t.Fatalf("InvalidateTag over a foreign index: %v", err)
 	}
-	r.rdb.Del(ctx, tk.index)
+	r.rdb.Del(ctx, tk.Index)
 
-	if err := r.rdb.HSet(ctx, tk.purged, "x", "y").Err(); err != nil {
+	if err := r.rdb.HSet(ctx, tk.Purged, "x", "y").Err(); err != nil {
 		t.Fatal(err)
 	}
 	if v := r.get(c, "k2", taggedLoader(&loads, "v", "t")); v != "v" || r.stored("k2") {

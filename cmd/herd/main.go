@@ -46,6 +46,7 @@ import (
 	"time"
 
 	"github.com/herdkit/herd"
+	"github.com/herdkit/herd/internal/wire"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -370,10 +371,13 @@ func inspect(ctx context.Context, rdb redis.UniversalClient, prefix string, keys
 	return nil
 }
 
-// roles names the last part of herd's Redis names.
+// roles names each role of herd's Redis names (internal/wire).
 var roles = map[string]string{
-	"v": "values", "l": "leases", "f": "fence counters", "r": "FencedStore records",
-	"b": "refresh backoffs", "x": "failure markers", "tz": "tag indexes", "tp": "tag purge records",
+	wire.RoleValue: "values", wire.RoleLease: "leases", wire.RoleFence: "fence counters",
+	wire.RoleRecord: "FencedStore records", wire.RoleBackoff: "refresh backoffs",
+	wire.RoleFailed: "failure markers", wire.RoleWrites: "write markers",
+	wire.RoleTagIndex: "tag indexes", wire.RoleTagPurged: "tag purge records",
+	wire.RoleTagGen: "tag purge generation",
 }
 
 func stats(ctx context.Context, rdb redis.UniversalClient, prefix string, asJSON bool, out io.Writer) error {
@@ -441,19 +445,8 @@ func globQuote(s string) string {
 // role classifies one of herd's Redis names: PREFIX:{T}:ROLE, or
 // PREFIX:{T}:w:<id> (a write's retry marker), PREFIX:tg, PREFIX:near.
 func role(prefix, name string) string {
-	rest := strings.TrimPrefix(name, prefix+":")
-	if i := strings.LastIndexByte(rest, '}'); strings.HasPrefix(rest, "{") && i > 0 {
-		r := strings.TrimPrefix(rest[i+1:], ":")
-		if strings.HasPrefix(r, "w:") {
-			return "write markers"
-		}
-		if n, ok := roles[r]; ok {
-			return n
-		}
-		return "other"
-	}
-	if rest == "tg" {
-		return "tag purge generation"
+	if n, ok := roles[wire.Role(prefix, name)]; ok {
+		return n
 	}
 	return "other"
 }

@@ -110,3 +110,66 @@ func CheckPrefix(prefix string) {
 		panic("herd: key prefix must not contain '{' or '}': they would move the Redis Cluster hash slot")
 	}
 }
+
+// TagFamily holds the Redis names of one tag, in one slot (their hash tag
+// H is that of the tag, not of any key).
+type TagFamily struct {
+	Index  string // P:{H}:tz  the tag's index: sorted set of the hash tags T of its keys
+	Purged string // P:{H}:tp  the generation of the tag's last purge
+}
+
+// TagKeys maps a tag to its Redis names. H is the unpadded base64url
+// SHA-256 of "tag\x00" and the tag, so no tag's names collide with a key's.
+func TagKeys(prefix, tag string) TagFamily {
+	h := sha256.New()
+	h.Write([]byte("tag\x00"))
+	h.Write([]byte(tag))
+	base := prefix + ":{" + base64.RawURLEncoding.EncodeToString(h.Sum(nil)) + "}:"
+	return TagFamily{Index: base + "tz", Purged: base + "tp"}
+}
+
+// GenKey is the name of a prefix's tag purge generation, P:tg.
+func GenKey(prefix string) string { return prefix + ":tg" }
+
+// Roles of herd's Redis names, as Role returns them.
+const (
+	RoleValue     = "v"
+	RoleLease     = "l"
+	RoleFence     = "f"
+	RoleRecord    = "r"
+	RoleBackoff   = "b"
+	RoleFailed    = "x"
+	RoleWrites    = "w"
+	RoleTagIndex  = "tz"
+	RoleTagPurged = "tp"
+	RoleTagGen    = "tg"
+)
+
+// Role returns the role of name, a Redis name under prefix: one of the
+// Role constants, or "" for a name that is not one herd writes this way.
+// (The channel, P:{T}:n, is a pub/sub channel, never a stored name.)
+func Role(prefix, name string) string {
+	rest, ok := strings.CutPrefix(name, prefix+":")
+	if !ok {
+		return ""
+	}
+	if rest == RoleTagGen {
+		return RoleTagGen
+	}
+	i := strings.LastIndexByte(rest, '}')
+	if !strings.HasPrefix(rest, "{") || i < 0 {
+		return ""
+	}
+	r, ok := strings.CutPrefix(rest[i+1:], ":")
+	if !ok {
+		return ""
+	}
+	switch r {
+	case RoleValue, RoleLease, RoleFence, RoleRecord, RoleBackoff, RoleFailed, RoleTagIndex, RoleTagPurged:
+		return r
+	}
+	if strings.HasPrefix(r, RoleWrites+":") {
+		return RoleWrites
+	}
+	return ""
+}

@@ -113,3 +113,29 @@ func TestCheckPrefix(t *testing.T) {
 	CheckPrefix(DefaultPrefix)
 	CheckPrefix(strings.Repeat("p", MaxPrefixLen))
 }
+
+func TestRoleOfEveryName(t *testing.T) {
+	k, err := MakeKeys("p", "user:42")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tk := TagKeys("p", "team:7")
+	for name, want := range map[string]string{
+		k.Value: RoleValue, k.Lease: RoleLease, k.Fence: RoleFence, k.Record: RoleRecord,
+		k.Backoff: RoleBackoff, k.Failed: RoleFailed, k.Writes + "abc": RoleWrites,
+		tk.Index: RoleTagIndex, tk.Purged: RoleTagPurged, GenKey("p"): RoleTagGen,
+		k.Channel:              "", // a channel, not a stored name
+		"p:near":               "",
+		"other:" + k.Value[2:]: "", // another prefix
+		"p:{abc}":              "",
+		"p:{abc}:zz":           "",
+		"p:nobrace}:v":         "",
+	} {
+		if got := Role("p", name); got != want {
+			t.Errorf("Role(%q) = %q, want %q", name, got, want)
+		}
+	}
+	if tk.Index[:len("p:{")] != "p:{" || TagKeys("p", "team:7") != tk || TagKeys("p", "team:8") == tk {
+		t.Errorf("TagKeys is not a function of its tag: %+v", tk)
+	}
+}
