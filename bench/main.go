@@ -45,6 +45,9 @@
 // it to count origin calls, not to compare latencies. The stderr, the
 // table, the Markdown and the chart all name the Redis used, with the
 // server's redis_version. -embedded excludes -redis and -cluster.
+// -cluster start starts a Redis Cluster of three masters instead (free
+// loopback ports, nothing on disk; redis-server and redis-cli on $PATH)
+// and stops it the same way.
 //
 // # How it runs
 //
@@ -62,6 +65,7 @@
 //	go run ./bench -embedded -quick                 # on miniredis even when redis-server is installed
 //	go run ./bench -scenarios hotkey -write-rate 10/s -duration 10s
 //	go run ./bench -redis 127.0.0.1:6379 -p 4 -c 64 -origin-latency 50ms -svg docs/bench.svg
+//	go run ./bench -cluster start -p 4 -c 64 -scenarios cold  # on a 3-master Cluster it starts
 //	go run ./bench -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002
 //	go run ./bench -http -c 64 -value-size 2048       # the HTTP benchmark (http.go)
 //
