@@ -140,8 +140,11 @@ func TestFailoverNoDuplicateToken(t *testing.T) {
 			la := NewLocker(p.m, tc.opt)
 			defer la.Close()
 
-			// An earlier lease, replicated: the counter exists on both.
-			l0, err := la.TryAcquire(ctx, key, time.Second)
+			// An earlier lease, replicated: the counter exists on both. Its
+			// length outlasts the replica wait (up to ReplicaTimeout): with
+			// 1s, a loaded machine's WAIT made the reply come after the
+			// lease's validity.
+			l0, err := la.TryAcquire(ctx, key, 2*failoverReplicaTimeout)
 			if err != nil {
 				t.Fatalf("first TryAcquire: %v", err)
 			}
