@@ -106,6 +106,9 @@
 //     (plus an election timeout) when it takes over. A holder whose
 //     renewals reach the cluster again before its Deadline keeps the
 //     lock, and its waiters keep their places (their watches resume).
+//     An Acquire whose join of the queue loses its reply to the restart
+//     returns that error instead (its etcd lease is revoked, so it leaves
+//     no key in the queue).
 //     A holder that gave up meanwhile (Lost closed at its Deadline, its
 //     revoke unanswered) holds the lock on the server until that new TTL
 //     runs out; then the next waiter takes it, with a higher token.
