@@ -26,10 +26,13 @@ func TestNearMaxAgeWallClockStep(t *testing.T) {
 	rdb := srv.Client(t)
 	const maxAge = 900 * time.Millisecond
 	c := newNearCache(t, srv.Client(t), NearOptions{MaxAge: maxAge}, func(o *Options) { o.StaleFor = time.Hour })
-	// The wall clock as this process reads it: time.Now's monotonic
-	// reading stays (Add keeps it), as it does when NTP steps the clock.
+	// The wall clock as this process reads it, held at t0 (so the value
+	// stays fresh while a loaded machine warms the copy) until it steps
+	// back an hour, as NTP may step it. The near copy's MaxAge runs on the
+	// monotonic clock, which does not step: the sleep below is real.
 	var step atomic.Int64
-	c.now = func() time.Time { return time.Now().Add(-time.Duration(step.Load())) }
+	t0 := time.Now()
+	c.now = func() time.Time { return t0.Add(-time.Duration(step.Load())) }
 
 	const key = "atk-near-clock"
 	// Fresh for 300ms (less than MaxAge, so the fresh end is the copy's
