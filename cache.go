@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/singleflight"
 )
 
 // LoadFunc loads the value of a key from the source of truth. Its context
@@ -43,6 +44,7 @@ type Cache struct {
 	calib  *calibrator
 	group  flightGroup // the local tier: one call per key in this process
 	reads  readGroup   // hits' GETs shared per key in this process (sharedread.go)
+	warm   warmKeys    // which keys skip the hit's GET (coldread.go)
 	// readJobs hands a read to an idle reader goroutine (sharedread.go).
 	readJobs  chan *readCall
 	readStall time.Duration // readStall; tests lengthen it
@@ -218,22 +220,39 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// such GET starts one flight at most (its caller takes that answer),
 	// so the rounds end.
 	joined, writes := time.Now(), c.writesOf(key)
-	val, done, pre, err := c.lookup(ctx, key, vkey)
+	val, done, pre, err := c.lookup(ctx, key, vkey, true)
 	if done {
 		return val, err
 	}
-	keys, _ := makeKeys(c.cfg.Prefix, key)
 	for {
-		ch := c.group.DoChan(key, func() (any, error) {
-			done, ok := c.track()
-			if !ok {
-				return &flightResult{}, ErrClosed
+		run := func(pre *preRead) func() (any, error) {
+			return func() (any, error) {
+				done, ok := c.track()
+				if !ok {
+					return &flightResult{}, ErrClosed
+				}
+				defer done()
+				keys, _ := makeKeys(c.cfg.Prefix, key) // valid: valueKey was
+				f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
+				a := f.fly(stRead)
+				return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur}, a.err
 			}
-			defer done()
-			f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
-			a := f.fly(stRead)
-			return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur}, a.err
-		})
+		}
+		var ch <-chan singleflight.Result
+		if pre == coldLook {
+			// A cold read starts the key's flight, or reads after all: a
+			// flight it did not see start may answer from a read older than
+			// a write this caller saw return.
+			var started bool
+			if ch, started = c.group.StartChan(key, run(pre)); !started {
+				if val, done, pre, err = c.hit(ctx, key, vkey, false); done {
+					return val, err
+				}
+				continue
+			}
+		} else {
+			ch = c.group.DoChan(key, run(pre))
+		}
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
@@ -244,6 +263,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			if !res.answers(joined, writes, r.Err) {
 				continue
 			}
+			c.warm.mark(warmID(vkey)) // the next Get of key reads it first
 			recordOutcome(ctx, res.outcome)
 			c.reportLookup(key, res.lookupOutcome(r.Shared))
 			if r.Err != nil {
@@ -379,6 +399,7 @@ func (c *Cache) set(ctx context.Context, key string, val []byte, ttl time.Durati
 	if err != nil {
 		return fmt.Errorf("herd: set %q: %w", key, err)
 	}
+	c.warm.mark(warmID(keys.Value)) // it is in Redis: the next Get reads it
 	return nil
 }
 

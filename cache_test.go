@@ -435,7 +435,8 @@ func (h *cmdLog) take() []string {
 	return n
 }
 
-// A hit is one GET; a leader's miss is GET, ACQUIRE, COMMIT.
+// A hit is one GET; a leader's miss of a new key, once misses turned cold
+// reads on, is ACQUIRE and COMMIT.
 func testRoundTrips(t *testing.T, b backend) {
 	if b.cluster {
 		t.Skip("a cluster client adds CLUSTER SLOTS and COMMAND INFO probes on first use; the standalone backends count exactly")
@@ -460,7 +461,9 @@ func testRoundTrips(t *testing.T, b backend) {
 	if _, err := c.Get(ctx, key, time.Minute, constLoader(&calls, "v")); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(log.take(), " "), "get evalsha evalsha"; got != want {
+	// The warm-up missed a key this Cache did not know: cold reads are on,
+	// so this miss of another new key is ACQUIRE and COMMIT, no GET.
+	if got, want := strings.Join(log.take(), " "), "evalsha evalsha"; got != want {
 		t.Errorf("leader miss sent %q, want %q", got, want)
 	}
 	if _, err := c.Get(ctx, key, time.Minute, constLoader(&calls, "v")); err != nil {

@@ -55,6 +55,9 @@ type flight struct {
 	// probability).
 	pre   *preRead
 	early bool
+	// cold is set while the flight's first look is a cold read's ACQUIRE
+	// (coldread.go), which counts the miss the skipped GET would have.
+	cold bool
 
 	// The answer, for the callers once the flight is stDone. outcome is
 	// written in two places only: by enter, with the role of the state
@@ -128,8 +131,8 @@ type answer struct {
 }
 
 // state is a step of the flight. Each state's method (see step) returns
-// the next; a follower's look (after follow) runs stRead, stServe and
-// stAcquire again and goes back to stWait unless it ends the flight.
+// the next; a follower's look (after follow) runs stRead, which goes
+// straight to stAcquire, and goes back to stWait unless it ends the flight.
 type state uint8
 
 const (
@@ -231,13 +234,25 @@ func (f *flight) goDown(cause error) state {
 	return stDown
 }
 
-// read reads the key: a value goes to stServe, a miss to stAcquire.
-// Redis down sends the first look to stDown (as does an open breaker);
-// a follower's look waits on (the budget bounds the wait).
+// read reads the key: a value goes to stServe, a miss to stAcquire, and
+// Redis down (or an open breaker) to stDown. Only the first look GETs,
+// and only after a Get's hit path read (its read is taken) or for Begin:
+// a cold read's first look and every follower's look go to stAcquire,
+// whose reply carries the value when there is one.
 func (f *flight) read() state {
 	c := f.c
 	if f.wait == nil && !c.brk.allow() {
 		return f.goDown(errBreakerOpen)
+	}
+	switch {
+	case f.pre == coldLook:
+		// A cold read (coldread.go): the ACQUIRE reads the value.
+		f.pre, f.cold = nil, true
+		return stAcquire
+	case f.wait != nil:
+		// A follower's look: its ACQUIRE answers from a value that landed,
+		// takes a free lease over or finds it held, in one round trip.
+		return stAcquire
 	}
 	var env envelope
 	var ok bool
@@ -251,8 +266,6 @@ func (f *flight) read() state {
 		env, ok, err = c.read(f)
 	}
 	switch {
-	case err != nil && f.wait != nil:
-		return f.looked(0)
 	case err != nil:
 		return f.goDown(err)
 	case ok:
@@ -308,7 +321,18 @@ func (f *flight) acquire() state {
 			return stDone
 		}
 	}
+	landed := err == nil && r.lease == nil // a value is there
 	st := f.acquired(r, err, sent, ttl)
+	if f.cold {
+		// The first look of a cold read: it stands for the GET it skipped.
+		f.cold = false
+		if err == nil || errors.Is(err, ErrLeaseHeld) {
+			c.warm.found(landed)
+		}
+		if st == stLead || st == stClaim || st == stFollow {
+			c.stats.misses.Add(1)
+		}
+	}
 	switch st {
 	case stDown:
 		if f.cause != nil {
@@ -352,8 +376,12 @@ func (f *flight) acquired(r attempted, err error, sent time.Time, ttl time.Durat
 	}
 	if err == nil && r.lease == nil {
 		f.seen = sent
-		if env, ok := wire.DecodeEnvelope(r.value); ok && f.served(env) {
+		env, ok := wire.DecodeEnvelope(r.value)
+		if ok && f.served(env) {
 			return stDone
+		}
+		if !ok && (f.cold || f.wait != nil) {
+			c.countCorrupt(f.key, len(r.value)) // no GET of this look saw it
 		}
 		// An expired or unreadable value is there: rebuild over it.
 		r.lease, r.pttl, err = c.locker.try(c.ctx, f.key, f.keys, ttl)

@@ -32,30 +32,55 @@ type flightCall struct {
 // an empty *flightResult as its value, not a crash.
 func (g *flightGroup) DoChan(key string, fn func() (any, error)) <-chan singleflight.Result {
 	ch := make(chan singleflight.Result, 1)
-	call, started := g.join(key, func(r singleflight.Result) { ch <- r })
-	if started {
-		go func() {
-			var (
-				v      any
-				err    error
-				normal bool
-			)
-			defer func() {
-				if !normal {
-					if r := recover(); r != nil {
-						err = newLoadError(key, &PanicError{Value: r, Stack: debug.Stack()})
-					} else {
-						err = errGoexit
-					}
-					v = &flightResult{}
-				}
-				g.finish(key, call, v, err)
-			}()
-			v, err = fn()
-			normal = true
-		}()
+	if call, started := g.join(key, func(r singleflight.Result) { ch <- r }); started {
+		g.run(key, call, fn)
 	}
 	return ch
+}
+
+// StartChan is DoChan for a caller that may not join a running call (a
+// cold read, which has not read the key: coldread.go): it starts a call
+// of fn when none is running, and otherwise reports false and starts
+// nothing.
+func (g *flightGroup) StartChan(key string, fn func() (any, error)) (<-chan singleflight.Result, bool) {
+	ch := make(chan singleflight.Result, 1)
+	g.mu.Lock()
+	if g.m[key] != nil {
+		g.mu.Unlock()
+		return nil, false
+	}
+	if g.m == nil {
+		g.m = make(map[string]*flightCall)
+	}
+	call := &flightCall{waiters: []func(singleflight.Result){func(r singleflight.Result) { ch <- r }}}
+	g.m[key] = call
+	g.mu.Unlock()
+	g.run(key, call, fn)
+	return ch, true
+}
+
+// run runs call, started for key, in a new goroutine.
+func (g *flightGroup) run(key string, call *flightCall, fn func() (any, error)) {
+	go func() {
+		var (
+			v      any
+			err    error
+			normal bool
+		)
+		defer func() {
+			if !normal {
+				if r := recover(); r != nil {
+					err = newLoadError(key, &PanicError{Value: r, Stack: debug.Stack()})
+				} else {
+					err = errGoexit
+				}
+				v = &flightResult{}
+			}
+			g.finish(key, call, v, err)
+		}()
+		v, err = fn()
+		normal = true
+	}()
 }
 
 // join adds deliver to the waiters of key's running call, or starts a

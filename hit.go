@@ -32,13 +32,37 @@ type preRead struct {
 // hit reads key's value (at vkey) in the caller's goroutine. done reports
 // that val, err are the caller's answer; otherwise pre is the read for
 // the flight (nil: the flight reads itself).
-func (c *Cache) hit(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
+//
+// A key this process has not seen in Redis lately may skip the read (see
+// coldread.go): pre is then coldLook, and the flight's ACQUIRE reads.
+//
+// mayCold allows the cold read; Get's retry after a cold read that found
+// the key's flight running reads.
+func (c *Cache) hit(ctx context.Context, key, vkey string, mayCold bool) (val []byte, done bool, pre *preRead, err error) {
+	id := warmID(vkey)
+	known := c.warm.known(id)
+	if mayCold && !known && c.warm.cold() && !c.brk.troubled.Load() {
+		return nil, false, coldLook, nil
+	}
 	env, done, pre, err := c.hitEnv(ctx, key, vkey, true)
+	if !known {
+		switch present := (done && (err == nil || errors.Is(err, ErrNotFound))) || (pre != nil && pre.ok); {
+		case present:
+			c.warm.mark(id)
+			c.warm.found(true)
+		case pre != nil && pre.err == nil:
+			c.warm.found(false) // a miss, or bytes that are not an envelope
+		}
+	}
 	if !done || err != nil {
 		return nil, done, pre, err
 	}
 	return env.Payload, true, nil, nil
 }
+
+// coldLook is the pre of a Get that did not read: its flight starts at
+// the ACQUIRE, which reads the value with the lease (see coldread.go).
+var coldLook = &preRead{}
 
 // hitEnv is hit with the envelope of the value: on a fresh hit, env is
 // it, its payload the caller's own. inline is sharedRead's.
@@ -138,11 +162,11 @@ func valueKey(prefix, key string) (string, error) {
 
 // lookup is Get's read before the flight: the near cache when it is on,
 // then, unless it answered or read for the flight, the hit path.
-func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
+func (c *Cache) lookup(ctx context.Context, key, vkey string, mayCold bool) (val []byte, done bool, pre *preRead, err error) {
 	if c.near != nil {
 		if val, done, pre, err = c.nearGet(ctx, key, vkey); done || pre != nil {
 			return val, done, pre, err
 		}
 	}
-	return c.hit(ctx, key, vkey)
+	return c.hit(ctx, key, vkey, mayCold)
 }
