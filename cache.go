@@ -220,7 +220,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 	// such GET starts one flight at most (its caller takes that answer),
 	// so the rounds end.
 	joined, writes := time.Now(), c.writesOf(key)
-	val, done, pre, err := c.lookup(ctx, key, vkey, true)
+	val, done, pre, err := c.lookup(ctx, key, vkey)
 	if done {
 		return val, err
 	}
@@ -245,7 +245,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			// a write this caller saw return.
 			var started bool
 			if ch, started = c.group.StartChan(key, run(pre)); !started {
-				if val, done, pre, err = c.hit(ctx, key, vkey, false); done {
+				if val, done, pre, err = c.hit(ctx, key, vkey, true); done {
 					return val, err
 				}
 				continue

@@ -3,6 +3,7 @@ package herd
 import (
 	"context"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -217,5 +218,58 @@ func TestColdReadsFollowWhatUnknownKeysAre(t *testing.T) {
 	}
 	if s := c.Stats(); s.Loads != 4 {
 		t.Errorf("Stats.Loads = %d, want 4 (the missing keys only)", s.Loads)
+	}
+}
+
+// The callers that come while a cold read's flight of a key runs read
+// first (they may not join a flight they did not see start), but share
+// their reads behind one GET at a time: 30 of them send 2 GETs (the
+// first one's, held here, and the one the others gather on), and all of
+// them get the one load's value.
+func TestCallersBehindAColdFlightShareTheirGETs(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	c := newTestCache(t, rdb, nil)
+	c.readStall = time.Minute // the gathered read waits for the held one
+	missOnce(t, c, "first-miss")
+	g := newGatedLoader("value")
+	const callers = 30
+	vals := make([][]byte, callers)
+	errs := make([]error, callers)
+	var wg sync.WaitGroup
+	wg.Go(func() { vals[0], errs[0] = c.Get(context.Background(), "k", time.Hour, g.load) })
+	g.waitEntered(t) // the cold read leads: no GET
+	vkey := mustKeys(t, "k").Value
+	hold := newHoldHook(t, rdb, vkey, 1, false)
+	log := &cmdLog{}
+	rdb.AddHook(log)
+	for i := 1; i < callers; i++ {
+		wg.Go(func() { vals[i], errs[i] = c.Get(context.Background(), "k", time.Hour, g.load) })
+	}
+	<-hold.held // one caller's GET is on the wire
+	waitFor(t, 10*time.Second, "the other callers to gather behind it", func() bool {
+		return gathering(c, vkey) == callers-2
+	})
+	hold.release()
+	waitFlightJoiners(t, c, "k", callers-1)
+	close(g.gate)
+	wg.Wait()
+	gets := 0
+	for _, name := range log.take() {
+		if name == "get" {
+			gets++
+		}
+	}
+	if gets != 2 {
+		t.Errorf("%d callers behind a running flight sent %d GETs, want 2", callers-1, gets)
+	}
+	for i := range callers {
+		if errs[i] != nil || string(vals[i]) != "value" {
+			t.Fatalf("caller %d: (%q, %v)", i, vals[i], errs[i])
+		}
+	}
+	if n := g.calls.Load(); n != 1 {
+		t.Errorf("the loader ran %d times, want 1", n)
 	}
 }

@@ -123,7 +123,7 @@ func (c *Cache) Begin(ctx context.Context, key string, ttl time.Duration, refres
 		// or Close begins: its GET is always a reader's).
 		var env envelope
 		var done bool
-		if env, done, pre, err = c.hitEnv(ctx, key, keys.Value, false); done {
+		if env, done, pre, err = c.hitEnv(ctx, key, keys.Value, false, readWires); done {
 			if err != nil {
 				return nil, nil, err
 			}

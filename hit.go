@@ -36,15 +36,23 @@ type preRead struct {
 // A key this process has not seen in Redis lately may skip the read (see
 // coldread.go): pre is then coldLook, and the flight's ACQUIRE reads.
 //
-// mayCold allows the cold read; Get's retry after a cold read that found
-// the key's flight running reads.
-func (c *Cache) hit(ctx context.Context, key, vkey string, mayCold bool) (val []byte, done bool, pre *preRead, err error) {
+// behind is for Get's read after a cold read found the key's flight
+// running in this process: a miss in progress, which its concurrent
+// callers are likely to share. Such a read is never cold, and it is sent
+// only while no other read of the key is on the wire: else it gathers
+// behind that one (see sharedRead), so a wave's callers send about one
+// GET per round trip, not two.
+func (c *Cache) hit(ctx context.Context, key, vkey string, behind bool) (val []byte, done bool, pre *preRead, err error) {
 	id := warmID(vkey)
 	known := c.warm.known(id)
-	if mayCold && !known && c.warm.cold() && !c.brk.troubled.Load() {
+	if !behind && !known && c.warm.cold() && !c.brk.troubled.Load() {
 		return nil, false, coldLook, nil
 	}
-	env, done, pre, err := c.hitEnv(ctx, key, vkey, true)
+	wires := readWires
+	if behind {
+		wires = 1
+	}
+	env, done, pre, err := c.hitEnv(ctx, key, vkey, true, wires)
 	if !known {
 		switch present := (done && (err == nil || errors.Is(err, ErrNotFound))) || (pre != nil && pre.ok); {
 		case present:
@@ -65,14 +73,14 @@ func (c *Cache) hit(ctx context.Context, key, vkey string, mayCold bool) (val []
 var coldLook = &preRead{}
 
 // hitEnv is hit with the envelope of the value: on a fresh hit, env is
-// it, its payload the caller's own. inline is sharedRead's.
-func (c *Cache) hitEnv(ctx context.Context, key, vkey string, inline bool) (env envelope, done bool, pre *preRead, err error) {
+// it, its payload the caller's own. inline and wires are sharedRead's.
+func (c *Cache) hitEnv(ctx context.Context, key, vkey string, inline bool, wires int) (env envelope, done bool, pre *preRead, err error) {
 	if c.brk.troubled.Load() {
 		// The breaker decides who probes a troubled Redis: the flight asks.
 		return env, false, nil, nil
 	}
 	sent := time.Now()
-	r := c.sharedRead(ctx, key, vkey, inline) // the breaker has the GET's result
+	r := c.sharedRead(ctx, key, vkey, inline, wires) // the breaker has the GET's result
 	switch err := r.err; {
 	case err == nil:
 	case ctx.Err() != nil:
@@ -162,11 +170,11 @@ func valueKey(prefix, key string) (string, error) {
 
 // lookup is Get's read before the flight: the near cache when it is on,
 // then, unless it answered or read for the flight, the hit path.
-func (c *Cache) lookup(ctx context.Context, key, vkey string, mayCold bool) (val []byte, done bool, pre *preRead, err error) {
+func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
 	if c.near != nil {
 		if val, done, pre, err = c.nearGet(ctx, key, vkey); done || pre != nil {
 			return val, done, pre, err
 		}
 	}
-	return c.hit(ctx, key, vkey, mayCold)
+	return c.hit(ctx, key, vkey, false)
 }

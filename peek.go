@@ -97,7 +97,7 @@ func (c *Cache) peekRead(ctx context.Context, key, name string) (r readResult, e
 	if !c.brk.allow() {
 		return readResult{}, errBreakerOpen
 	}
-	r = c.sharedRead(ctx, key, name, true) // which gives the breaker the GET's verdict
+	r = c.sharedRead(ctx, key, name, true, readWires) // which gives the breaker the GET's verdict
 	switch {
 	case r.err == nil:
 		return r, nil

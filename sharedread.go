@@ -21,7 +21,9 @@ import (
 // replies stall, a key gains one more GET on the wire per readStall, up
 // to the client's ReadTimeout). So a key's GETs per process grow with
 // round trips, not with callers, and a reply never predates a write that
-// returned before its caller started.
+// returned before its caller started. A Get that reads because the key's
+// flight runs here (a cold read that found it running: hit.go) counts one
+// read on the wire as all of them: it sends only when none is.
 //
 // A Get or Peek whose ctx cannot end (or with Options.InlineHits) sends
 // its own read from its goroutine. Every other read is sent by a reader: a
@@ -128,8 +130,9 @@ func (e *readEntry) retire(rc *readCall) {
 //
 // inline allows the caller to send a read itself when its ctx cannot end
 // (or with InlineHits); Begin, which leaves at Close whatever its ctx,
-// never does.
-func (c *Cache) sharedRead(ctx context.Context, key, vkey string, inline bool) readResult {
+// never does. wires (1 to readWires) is how many reads of the key may be
+// on the wire for this caller to send one rather than gather.
+func (c *Cache) sharedRead(ctx context.Context, key, vkey string, inline bool, wires int) readResult {
 	s := &c.reads.stripes[stripe(vkey)]
 	s.mu.Lock()
 	e := s.m[vkey]
@@ -143,7 +146,7 @@ func (c *Cache) sharedRead(ctx context.Context, key, vkey string, inline bool) r
 	if s.m == nil {
 		s.m = make(map[string]readEntry)
 	}
-	if inline && e.sending() < readWires && (ctx.Done() == nil || c.cfg.InlineHits) {
+	if inline && e.sending() < wires && (ctx.Done() == nil || c.cfg.InlineHits) {
 		// A free slot: this caller sends the GET itself.
 		rc := readCalls.Get().(*readCall)
 		rc.key, rc.vkey, rc.s = key, vkey, s
@@ -162,7 +165,7 @@ func (c *Cache) sharedRead(ctx context.Context, key, vkey string, inline bool) r
 		return r
 	}
 	rc := &readCall{key: key, vkey: vkey, s: s, done: make(chan struct{})}
-	if e.sending() < readWires {
+	if e.sending() < wires {
 		e.send(rc) // a free slot: a reader sends it at once
 	} else {
 		rc.prev = e.wire[0]
