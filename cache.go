@@ -232,6 +232,9 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 					return &flightResult{}, ErrClosed
 				}
 				defer done()
+				if pre != nil && pre.unknown {
+					c.warm.found(false) // once per flight, not per caller
+				}
 				keys, _ := makeKeys(c.cfg.Prefix, key) // valid: valueKey was
 				f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
 				a := f.fly(stRead)

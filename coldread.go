@@ -54,15 +54,24 @@ func (w *warmKeys) known(id uint64) bool {
 }
 
 // mark puts id in the table: in a free slot of its two, else in the
-// first one's place.
-func (w *warmKeys) mark(id uint64) {
+// first one's place. It reports whether id was not there (of callers
+// marking one id at once, one is told so).
+func (w *warmKeys) mark(id uint64) bool {
 	a, b := w.slotsOf(id)
-	switch va, vb := a.Load(), b.Load(); {
-	case va == id || vb == id:
-	case va == 0 || vb != 0:
-		a.Store(id)
-	default:
-		b.Store(id)
+	for {
+		va, vb := a.Load(), b.Load()
+		switch {
+		case va == id || vb == id:
+			return false
+		case va == 0 || vb != 0:
+			if a.CompareAndSwap(va, id) {
+				return true
+			}
+		default:
+			if b.CompareAndSwap(vb, id) {
+				return true
+			}
+		}
 	}
 }
 

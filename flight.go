@@ -338,6 +338,10 @@ func (f *flight) acquire() state {
 		if f.cause != nil {
 			c.redisFailed(f.cause)
 		}
+	default:
+		if err == nil || errors.Is(err, ErrLeaseHeld) || !isInfraError(err) {
+			c.redisAnswered() // a reply: the breaker counts consecutive errors
+		}
 	case stLead, stClaim:
 		f.gen = c.genResult(gr) // before the load begins
 	}
@@ -385,6 +389,9 @@ func (f *flight) acquired(r attempted, err error, sent time.Time, ttl time.Durat
 		}
 		// An expired or unreadable value is there: rebuild over it.
 		r.lease, r.pttl, err = c.locker.try(c.ctx, f.key, f.keys, ttl)
+		if r.lease != nil && c.servedSince(f, r.lease) {
+			return stDone
+		}
 	}
 	f.pttl = r.pttl
 	switch {
@@ -398,6 +405,31 @@ func (f *flight) acquired(r attempted, err error, sent time.Time, ttl time.Durat
 		return stFollow
 	}
 	return f.goDown(err)
+}
+
+// servedSince reports whether a value committed after the ACQUIRE that
+// found unusable bytes, and before lease was won over them, answers f:
+// the holder the ACQUIRE saw may have committed in between, and then
+// lease goes back at once instead of loading again. One GET, only on
+// this path.
+func (c *Cache) servedSince(f *flight, lease *Lease) bool {
+	sent := time.Now()
+	b, err := c.readValue(c.ctx, f.keys.Value)
+	if err != nil {
+		return false
+	}
+	env, ok := wire.DecodeEnvelope(b)
+	if !ok || !c.now().Before(env.SoftExp) {
+		return false
+	}
+	f.seen = sent
+	if !f.served(env) {
+		return false
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(c.ctx), c.leaseFor(f.key))
+	defer cancel()
+	_ = lease.Release(rctx)
+	return true
 }
 
 // lead loads and commits under the lease (see Cache.lead).

@@ -27,6 +27,9 @@ type preRead struct {
 	ok   bool  // env is an intact envelope
 	due  bool  // env is fresh and its early refresh was drawn due
 	err  error // an infrastructure error, already recorded by the breaker
+	// unknown: a miss of a key this process did not know (coldread.go),
+	// which the flight it starts counts.
+	unknown bool
 }
 
 // hit reads key's value (at vkey) in the caller's goroutine. done reports
@@ -54,12 +57,16 @@ func (c *Cache) hit(ctx context.Context, key, vkey string, behind bool) (val []b
 	}
 	env, done, pre, err := c.hitEnv(ctx, key, vkey, true, wires)
 	if !known {
+		// The score counts keys, not callers: a found key by the caller
+		// that marks it (not behind a cold read, whose ACQUIRE counts it),
+		// a missing one by the flight it starts (see Get).
 		switch present := (done && (err == nil || errors.Is(err, ErrNotFound))) || (pre != nil && pre.ok); {
 		case present:
-			c.warm.mark(id)
-			c.warm.found(true)
+			if c.warm.mark(id) && !behind {
+				c.warm.found(true)
+			}
 		case pre != nil && pre.err == nil:
-			c.warm.found(false) // a miss, or bytes that are not an envelope
+			pre.unknown = true // a miss, or bytes that are not an envelope
 		}
 	}
 	if !done || err != nil {
