@@ -338,12 +338,13 @@ func (f *flight) acquire() state {
 		if f.cause != nil {
 			c.redisFailed(f.cause)
 		}
+	case stLead, stClaim:
+		c.redisAnswered()
+		f.gen = c.genResult(gr) // before the load begins
 	default:
 		if err == nil || errors.Is(err, ErrLeaseHeld) || !isInfraError(err) {
 			c.redisAnswered() // a reply: the breaker counts consecutive errors
 		}
-	case stLead, stClaim:
-		f.gen = c.genResult(gr) // before the load begins
 	}
 	if f.wait == nil {
 		if st == stFollow {
