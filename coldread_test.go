@@ -3,6 +3,7 @@ package herd
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -47,15 +48,30 @@ func missOnce(t *testing.T, c *Cache, key string) {
 // of a missing key sends no GET, only the ACQUIRE, which reads the value
 // with the lease: the leading process loads after one round trip, and a
 // following process's looks (its first, and the one after it subscribes)
-// are ACQUIREs too. The loader runs once in all.
+// are ACQUIREs too. The loader runs once in all. On one server and on a
+// 3-master Cluster.
 func TestColdWaveLeadsAfterOneRoundTrip(t *testing.T) {
 	t.Parallel()
-	srv := redistest.Start(t)
+	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
+		srv := redistest.Start(t)
+		testColdWave(t, func() redis.UniversalClient { return srv.Client(t) })
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		cl := redistest.StartCluster(t, 3)
+		testColdWave(t, func() redis.UniversalClient { return cl.Client(t) })
+	})
+}
+
+// testColdWave is TestColdWaveLeadsAfterOneRoundTrip with two processes'
+// clients from client.
+func testColdWave(t *testing.T, client func() redis.UniversalClient) {
 	caches := make([]*Cache, 2)
 	logs := make([]*cmdLog, 2)
 	acqs := make([]*acquireCounter, 2)
 	for i := range caches {
-		rdb := srv.Client(t)
+		rdb := client()
 		logs[i], acqs[i] = &cmdLog{}, &acquireCounter{}
 		rdb.AddHook(logs[i])
 		rdb.AddHook(acqs[i])
@@ -1038,5 +1054,84 @@ func TestColdReadWithNearCache(t *testing.T) {
 		if v, err := c.Get(ctx, key, time.Hour, constLoader(&calls, "v3")); err != nil || string(v) != "v3" {
 			t.Fatalf("Get %s after the Invalidate = (%q, %v), want v3", key, v, err)
 		}
+	}
+}
+
+// holdPlainAcquire holds the first plain ACQUIRE its client sends (two
+// keys: no mode, as a rebuild over unusable bytes sends), before it is
+// sent, until release closes.
+type holdPlainAcquire struct {
+	once    atomic.Bool
+	held    chan struct{}
+	release chan struct{}
+}
+
+func (h *holdPlainAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdPlainAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if a := cmd.Args(); isAcquireCmd(cmd) && len(a) > 2 && fmt.Sprint(a[2]) == "2" && h.once.CompareAndSwap(false, true) {
+			close(h.held)
+			<-h.release
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *holdPlainAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A Get that finds unreadable bytes while another process holds the
+// lease rebuilds over them with a plain ACQUIRE, which does not look at
+// the value. When the holder commits between the two, that ACQUIRE wins
+// the freed lease: the Get then finds the committed value, gives the
+// lease back and answers with it, and does not load again. Here the plain
+// ACQUIRE is held until the holder's Get returned.
+func TestRebuildOverUnreadableBytesYieldsToAValueCommittedMeanwhile(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	a := newTestCache(t, srv.Client(t), nil)
+	rdb := srv.Client(t)
+	h := &holdPlainAcquire{held: make(chan struct{}), release: make(chan struct{})}
+	rdb.AddHook(h)
+	c := newTestCache(t, rdb, nil)
+	keys := mustKeys(t, "k")
+	if err := rdb.Set(context.Background(), keys.Value, "garbage", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	g := newGatedLoader("value")
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := a.Get(context.Background(), "k", time.Hour, g.load)
+		aDone <- err
+	}()
+	g.waitEntered(t) // a holds the lease over the garbage
+	type result struct {
+		v   []byte
+		err error
+	}
+	cDone := make(chan result, 1)
+	go func() {
+		v, err := c.Get(context.Background(), "k", time.Hour, noLoad(t))
+		cDone <- result{v, err}
+	}()
+	select {
+	case <-h.held: // c found the garbage, and its plain ACQUIRE waits
+	case <-time.After(10 * time.Second):
+		t.Fatal("no plain ACQUIRE from the Get that found the garbage")
+	}
+	close(g.gate)
+	if err := <-aDone; err != nil {
+		t.Fatal(err)
+	}
+	close(h.release) // the lease is free now: this ACQUIRE wins it
+	r := <-cDone
+	if r.err != nil || string(r.v) != "value" {
+		t.Fatalf("Get = (%q, %v), want the value committed meanwhile", r.v, r.err)
+	}
+	if pttl := srv.Client(t).PTTL(context.Background(), keys.Lease).Val(); pttl > 0 {
+		t.Errorf("the lease won over the committed value is still held (PTTL %v)", pttl)
+	}
+	if s := c.Stats(); s.Loads != 0 || s.Leads != 0 {
+		t.Errorf("Stats: Loads %d, Leads %d; want 0 and 0", s.Loads, s.Leads)
 	}
 }

@@ -342,9 +342,9 @@ func (f *flight) acquire() state {
 		c.redisAnswered()
 		f.gen = c.genResult(gr) // before the load begins
 	default:
-		if err == nil || errors.Is(err, ErrLeaseHeld) || !isInfraError(err) {
-			c.redisAnswered() // a reply: the breaker counts consecutive errors
-		}
+		// Redis replied (acquired sends every other error to stDown): the
+		// breaker counts consecutive errors only.
+		c.redisAnswered()
 	}
 	if f.wait == nil {
 		if st == stFollow {

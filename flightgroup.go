@@ -49,11 +49,7 @@ func (g *flightGroup) StartChan(key string, fn func() (any, error)) (<-chan sing
 		g.mu.Unlock()
 		return nil, false
 	}
-	if g.m == nil {
-		g.m = make(map[string]*flightCall)
-	}
-	call := &flightCall{waiters: []func(singleflight.Result){func(r singleflight.Result) { ch <- r }}}
-	g.m[key] = call
+	call := g.startLocked(key, func(r singleflight.Result) { ch <- r })
 	g.mu.Unlock()
 	g.run(key, call, fn)
 	return ch, true
@@ -95,12 +91,18 @@ func (g *flightGroup) join(key string, deliver func(singleflight.Result)) (call 
 		call.waiters = append(call.waiters, deliver)
 		return call, false
 	}
+	return g.startLocked(key, deliver), true
+}
+
+// startLocked registers a new call of key with deliver as its first
+// waiter; g.mu is held and no call of key runs.
+func (g *flightGroup) startLocked(key string, deliver func(singleflight.Result)) *flightCall {
 	if g.m == nil {
 		g.m = make(map[string]*flightCall)
 	}
-	call = &flightCall{waiters: []func(singleflight.Result){deliver}}
+	call := &flightCall{waiters: []func(singleflight.Result){deliver}}
 	g.m[key] = call
-	return call, true
+	return call
 }
 
 // finish ends call, started for key by join: every waiter gets v and err,
