@@ -955,31 +955,44 @@ func TestColdReadEarlyRefresh(t *testing.T) {
 	}
 }
 
-// holdFirstAcquire holds the first ACQUIRE its client sends until
-// release.
-type holdFirstAcquire struct {
+// holdAcquire holds the first ACQUIRE its client sends (with plain, the
+// first plain one), alone or in a pipeline, before it is sent, until
+// release closes.
+type holdAcquire struct {
+	plain   bool // only a plain ACQUIRE (two keys, no mode: a rebuild over unusable bytes)
 	once    atomic.Bool
 	held    chan struct{}
 	release chan struct{}
 }
 
-func (h *holdFirstAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *holdFirstAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+func newHoldAcquire(plain bool) *holdAcquire {
+	return &holdAcquire{plain: plain, held: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *holdAcquire) hold(cmd redis.Cmder) {
+	if !isAcquireCmd(cmd) {
+		return
+	}
+	if a := cmd.Args(); h.plain && (len(a) < 3 || fmt.Sprint(a[2]) != "2") {
+		return
+	}
+	if h.once.CompareAndSwap(false, true) {
+		close(h.held)
+		<-h.release
+	}
+}
+
+func (h *holdAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *holdAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		if isAcquireCmd(cmd) && h.once.CompareAndSwap(false, true) {
-			close(h.held)
-			<-h.release
-		}
+		h.hold(cmd)
 		return next(ctx, cmd)
 	}
 }
-func (h *holdFirstAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+func (h *holdAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
 		for _, cmd := range cmds {
-			if isAcquireCmd(cmd) && h.once.CompareAndSwap(false, true) {
-				close(h.held)
-				<-h.release
-			}
+			h.hold(cmd)
 		}
 		return next(ctx, cmds)
 	}
@@ -1001,7 +1014,7 @@ func TestColdScoreCountsKeysNotCallers(t *testing.T) {
 	missOnce(t, c, "first-miss")
 	c.warm.score.Store(coldMax)
 	c.readStall = time.Minute // the gathered read waits for the held one
-	h := &holdFirstAcquire{held: make(chan struct{}), release: make(chan struct{})}
+	h := newHoldAcquire(false)
 	rdb.AddHook(h)
 	var wg sync.WaitGroup
 	wg.Go(func() { c.Get(context.Background(), "filled", time.Hour, noLoad(t)) })
@@ -1057,29 +1070,6 @@ func TestColdReadWithNearCache(t *testing.T) {
 	}
 }
 
-// holdPlainAcquire holds the first plain ACQUIRE its client sends (two
-// keys: no mode, as a rebuild over unusable bytes sends), before it is
-// sent, until release closes.
-type holdPlainAcquire struct {
-	once    atomic.Bool
-	held    chan struct{}
-	release chan struct{}
-}
-
-func (h *holdPlainAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *holdPlainAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if a := cmd.Args(); isAcquireCmd(cmd) && len(a) > 2 && fmt.Sprint(a[2]) == "2" && h.once.CompareAndSwap(false, true) {
-			close(h.held)
-			<-h.release
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *holdPlainAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // A Get that finds unreadable bytes while another process holds the
 // lease rebuilds over them with a plain ACQUIRE, which does not look at
 // the value. When the holder commits between the two, that ACQUIRE wins
@@ -1091,7 +1081,7 @@ func TestRebuildOverUnreadableBytesYieldsToAValueCommittedMeanwhile(t *testing.T
 	srv := redistest.Start(t)
 	a := newTestCache(t, srv.Client(t), nil)
 	rdb := srv.Client(t)
-	h := &holdPlainAcquire{held: make(chan struct{}), release: make(chan struct{})}
+	h := newHoldAcquire(true)
 	rdb.AddHook(h)
 	c := newTestCache(t, rdb, nil)
 	keys := mustKeys(t, "k")
