@@ -512,8 +512,11 @@ func TestColdReadCorruptCountedOnce(t *testing.T) {
 }
 
 // Cold read + corrupt bytes while another process holds the lease: the
-// read follows; its counts (corrupt, misses, waits, follows) are those
-// of a normal Get (cold reads off) in the same scenario.
+// read follows and gets the holder's value, with no load of its own and
+// the bytes counted as corrupt, as a normal Get (cold reads off) does.
+// How many looks saw the bytes, and so the exact counts, depends on when
+// the holder commits: the lost race of that commit is
+// TestRebuildOverUnreadableBytesYieldsToAValueCommittedMeanwhile.
 func TestColdReadCorruptWhileHeld(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -553,13 +556,11 @@ func TestColdReadCorruptWhileHeld(t *testing.T) {
 		}
 		return lookupDelta(c.Stats(), before)
 	}
-	normal, cold := run(false, "k-normal"), run(true, "k-cold")
-	// Not compared: Misses and Hits. The normal Get's first flight answers
-	// from a read older than the Get (its answer is refused for
-	// currency), and its second round counts a second miss and a hit.
-	normal.Misses, normal.Hits, cold.Misses, cold.Hits = 0, 0, 0, 0
-	if normal != cold {
-		t.Errorf("corrupt value, lease held elsewhere:\nnormal Get %+v\ncold Get   %+v", normal, cold)
+	for _, cold := range []bool{false, true} {
+		s := run(cold, "k-"+strconv.FormatBool(cold))
+		if s.Loads != 0 || s.Leads != 0 || s.Corrupt == 0 || s.Waits != 1 {
+			t.Errorf("cold=%v: corrupt value, lease held elsewhere: Loads %d, Leads %d, Corrupt %d, Waits %d; want 0, 0, at least 1, 1", cold, s.Loads, s.Leads, s.Corrupt, s.Waits)
+		}
 	}
 }
 
