@@ -171,6 +171,9 @@ func (l *Lease) end(ctx context.Context, unlock bool) (bool, error) {
 	var err error
 	if unlock {
 		err = l.use(func(c *pgx.Conn) error {
+			if h := l.locker.beforeUnlock; h != nil {
+				h(c)
+			}
 			return c.QueryRow(ctx, "SELECT pg_advisory_unlock($1), pg_notify($2, $3)",
 				l.key, l.locker.cfg.channel, strconv.FormatInt(l.key, 10)).Scan(&freed, nil)
 		})
@@ -197,14 +200,20 @@ func (l *Lease) end(ctx context.Context, unlock bool) (bool, error) {
 
 // lose marks the lease lost and ends it, unlocking it first when its
 // connection is up: its deadline passed (expired) or KeepAlive's cap was
-// reached.
+// reached. When that unlock does not free the lock (the session ended
+// first: the server's idle limit fired before the client's deadline, a
+// restart), the server frees it with the session and nobody announces it,
+// so lose announces it as the watcher does for a session that ends.
 func (l *Lease) lose() {
 	if !l.markLost() {
 		return
 	}
+	pid := l.conn.PgConn().PID()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	_, _ = l.end(ctx, true)
+	if freed, err := l.end(ctx, true); !freed || err != nil {
+		l.locker.hint(l.key, pid)
+	}
 }
 
 // markLost closes Lost; it reports whether this call did, with the lease

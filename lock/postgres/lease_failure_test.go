@@ -10,6 +10,7 @@ import (
 
 	"github.com/herdkit/herd"
 	"github.com/herdkit/herd/locktest"
+	"github.com/jackc/pgx/v5"
 )
 
 // TestTokensAfterFenceRowsDeleted: Token's doc says tokens of one
@@ -116,4 +117,68 @@ func TestCancelWhileTableCreationBlocks(t *testing.T) {
 			return n > 0
 		},
 	})
+}
+
+// TestLeaseWhoseSessionEndedBeforeItsDeadlineStillWakesWaiters: a lease
+// that runs out unlocks and announces the lock; when its session has
+// already ended by then (the server's idle limit fired before the
+// client's deadline, a restart), the unlock cannot run and the server
+// frees the lock silently. A waiter that re-checks once a minute must
+// still take the lock soon after, woken by the lease's announcement.
+func TestLeaseWhoseSessionEndedBeforeItsDeadlineStillWakesWaiters(t *testing.T) {
+	ctx := context.Background()
+	holder := newTestLocker(t, nil)
+	waiter := newTestLocker(t, &Options{PollMin: time.Minute, PollMax: time.Minute})
+	db := testConn(t)
+	ended := make(chan struct{})
+	holder.beforeUnlock = func(c *pgx.Conn) {
+		// Runs while the lease has its connection, so its watcher cannot
+		// see the session end: only the unlock's failure tells.
+		defer close(ended)
+		pid := int64(c.PgConn().PID())
+		if _, err := db.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
+			t.Errorf("pg_terminate_backend(%d): %v", pid, err)
+			return
+		}
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			var n int
+			if err := db.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid).Scan(&n); err != nil || n == 0 {
+				return
+			}
+		}
+		t.Errorf("session %d still up 10s after pg_terminate_backend", pid)
+	}
+	name := testName(t)
+	held, err := holder.TryAcquire(ctx, name, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease *Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, name, 10*time.Second)
+		got <- result{l, err}
+	}()
+	listening(t)
+	select {
+	case <-held.Lost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lost() still open 10s after a 1s lease that nobody renewed")
+	}
+	<-ended
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiting Acquire: %v", r.err)
+		}
+		if r.lease.Token() <= held.Token() {
+			t.Errorf("tokens %d then %d: not increasing", held.Token(), r.lease.Token())
+		}
+		r.lease.Release(ctx)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter still waits 10s after the lease ran out on an ended session: the lock was freed unannounced, and it re-checks once a minute")
+	}
 }

@@ -134,6 +134,8 @@ type Locker struct {
 	tableOK bool          // the fence table exists
 
 	gate lockgate.Gate // the running calls, and Close
+
+	beforeUnlock func(*pgx.Conn) // a test's hook, run before a lease's unlock statement
 }
 
 // New returns a Locker whose connections are opened with conf (for
