@@ -104,9 +104,35 @@ func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []b
 	if ttl < 0 || (ttl > 0 && ttl < time.Millisecond) {
 		return fmt.Errorf("%w: %v (must be 0 or at least 1ms)", ErrInvalidTTL, ttl)
 	}
+	_, err := s.write(ctx, "fenced set", key, token, fencedSetScript, val, ttl.Milliseconds())
+	return err
+}
+
+// Fence raises key's fence to token, without changing its value, and
+// returns that value, in one round trip (with the replica wait): from
+// then on every write of a lower token is refused. It is the claim of a
+// new holder that must know what its predecessors wrote: a Get and then
+// a Set with the new token could overwrite a write of an older token that
+// landed between them. A missing record is created, with an empty value
+// and no expiry. The errors are Set's: [ErrFenced] when a higher token
+// has written (nothing changed), [ErrNotReplicated] when the replicas did
+// not confirm the raised fence, [ErrInvalidKey] for an empty key, and
+// ctx's error when ctx ends first.
+func (s *FencedStore) Fence(ctx context.Context, key string, token uint64) ([]byte, error) {
+	v, err := s.write(ctx, "fence", key, token, fenceScript)
+	if err != nil {
+		return nil, err
+	}
+	return []byte(v), nil
+}
+
+// write runs sc, a fenced write ({1, reply} when token was accepted, {0,
+// the highest token} when fenced), on key's record with token and args,
+// and returns its reply; op names it in errors.
+func (s *FencedStore) write(ctx context.Context, op, key string, token uint64, sc *script, args ...any) (string, error) {
 	keys, err := makeKeys(s.prefix, key)
 	if err != nil {
-		return err
+		return "", err
 	}
 	type sent struct {
 		cmd  *redis.Cmd
@@ -116,29 +142,28 @@ func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []b
 	// waits for a reply it was sent, up to the client's ReadTimeout), so
 	// the write may still land, as a Cache's Set may.
 	r, err := leaveOnDone(ctx, untracked, func() (sent, error) {
-		cmd, werr := s.writes.run(ctx, s.rdb, keys.Record, fencedSetScript, []string{keys.Record},
-			strconv.FormatUint(token, 10), val, ttl.Milliseconds())
+		cmd, werr := s.writes.run(ctx, s.rdb, keys.Record, sc, []string{keys.Record},
+			append([]any{strconv.FormatUint(token, 10)}, args...)...)
 		return sent{cmd, werr}, nil
 	}, nil)
 	if err != nil {
-		return fmt.Errorf("herd: fenced set %s: %w", keyText(key), err)
+		return "", fmt.Errorf("herd: %s %s: %w", op, keyText(key), err)
 	}
-	cmd, werr := r.cmd, r.werr
-	res, err := cmd.Slice()
+	res, err := r.cmd.Slice()
 	if err != nil {
-		return fmt.Errorf("herd: fenced set %s: %w", keyText(key), err)
+		return "", fmt.Errorf("herd: %s %s: %w", op, keyText(key), err)
 	}
-	ok, top, err := parsePair(res)
+	ok, reply, err := parsePair(res)
 	if err != nil {
-		return fmt.Errorf("herd: fenced set %s: %w", keyText(key), err)
+		return "", fmt.Errorf("herd: %s %s: %w", op, keyText(key), err)
 	}
 	if ok != 1 {
-		return fmt.Errorf("%w: %s: the record's fence is %s, above the write's token %d", ErrFenced, keyText(key), top, token)
+		return "", fmt.Errorf("%w: %s: the record's fence is %s, above the write's token %d", ErrFenced, keyText(key), reply, token)
 	}
-	if werr != nil {
-		return fmt.Errorf("herd: fenced set %s: stored on the master, not confirmed on its replicas: %w", keyText(key), werr)
+	if r.werr != nil {
+		return "", fmt.Errorf("herd: %s %s: stored on the master, not confirmed on its replicas: %w", op, keyText(key), r.werr)
 	}
-	return nil
+	return reply, nil
 }
 
 // Get returns the value stored under key and the token that wrote it, or

@@ -117,6 +117,42 @@ func TestFencedStoreSameHoldingWritesAgain(t *testing.T) {
 	}
 }
 
+// TestFenceKeepsTheValueAndRefusesOlderTokens: Fence returns the record's
+// value unchanged (empty for a missing record, which it creates) and from
+// then on a write of a lower token is refused; a Fence of a lower token is
+// refused too, and changes nothing.
+func TestFenceKeepsTheValueAndRefusesOlderTokens(t *testing.T) {
+	t.Parallel()
+	rdb := redistest.Start(t).Client(t)
+	ctx := context.Background()
+	store := NewFencedStore(rdb, "")
+	key := testKey(t)
+	if v, err := store.Fence(ctx, key, 10); err != nil || len(v) != 0 {
+		t.Fatalf("Fence of a missing record = %q, %v; want empty, nil", v, err)
+	}
+	if v, tok, err := store.Get(ctx, key); err != nil || len(v) != 0 || tok != 10 {
+		t.Fatalf("Get after Fence = %q, %d, %v; want empty, 10", v, tok, err)
+	}
+	if err := store.Set(ctx, key, 10, []byte("done"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if v, err := store.Fence(ctx, key, 11); err != nil || string(v) != "done" {
+		t.Fatalf("Fence of token 11 = %q, %v; want the value \"done\"", v, err)
+	}
+	if err := store.Set(ctx, key, 10, []byte("late"), 0); !errors.Is(err, ErrFenced) {
+		t.Errorf("a write of token 10 after a Fence of 11: %v, want ErrFenced", err)
+	}
+	if _, err := store.Fence(ctx, key, 9); !errors.Is(err, ErrFenced) {
+		t.Errorf("Fence of token 9 after 11: %v, want ErrFenced", err)
+	}
+	if v, tok, err := store.Get(ctx, key); err != nil || string(v) != "done" || tok != 11 {
+		t.Errorf("Get = %q, %d, %v; want \"done\", 11", v, tok, err)
+	}
+	if _, err := store.Fence(ctx, "", 1); !errors.Is(err, ErrInvalidKey) {
+		t.Errorf("Fence of an empty key: %v, want ErrInvalidKey", err)
+	}
+}
+
 // appUserACL is a common hardened Redis user: every command except the
 // @dangerous ones. INFO is @dangerous (COMMAND INFO info), WAIT, EVAL and
 // EVALSHA are not, so this user can run every script and WAIT herd sends,

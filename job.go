@@ -17,10 +17,14 @@ type JobFunc func(ctx context.Context, lease LeaseHandle) error
 // FencedRecords is where a [Job] records the periods it completed: a store
 // that refuses a write whose token is below the highest it has seen for the
 // key (with [ErrFenced]) and reports a missing key with [ErrNotFound].
+// Fence raises the key's fence to token and returns its value in one
+// atomic step (creating a missing key with an empty value), so that no
+// write of a lower token lands after the value it returns.
 // [*FencedStore] is one.
 type FencedRecords interface {
 	Get(ctx context.Context, key string) ([]byte, uint64, error)
 	Set(ctx context.Context, key string, token uint64, val []byte, ttl time.Duration) error
+	Fence(ctx context.Context, key string, token uint64) ([]byte, error)
 }
 
 // Job runs a function at most once per period across every instance that
@@ -38,9 +42,10 @@ type FencedRecords interface {
 //     or a later one, is recorded (one GET, no lock);
 //  2. takes the lock Name for Lease with TryAcquire, and returns (false,
 //     nil) when another instance holds it;
-//  3. reads the record again under the lock, then claims the period: it
-//     rewrites the record, unchanged, with its lease's token, so that any
-//     older holder's writes to it are refused from then on;
+//  3. claims the period under the lock: it raises the record's fence to
+//     its lease's token and reads the record in one step ([FencedRecords]
+//     Fence), so that any older holder's writes to it are refused from
+//     then on, and returns (false, nil) when the period is recorded;
 //  4. runs fn with KeepAlive(MaxHold) on the lease and a ctx that ends
 //     when the lease is lost;
 //  5. when fn returns nil, records the period with the lease's token, a
@@ -192,14 +197,18 @@ func (j *Job) Run(ctx context.Context, fn JobFunc) (ran bool, err error) {
 	// outcome is already in err, and the lease ends with its ttl anyway.
 	defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
 
-	last, done, err := j.record(ctx, key, start)
-	if err != nil || done {
-		return false, err
-	}
-	if err := j.Done.Set(ctx, key, lease.Token(), last, 0); err != nil {
+	// The claim reads the record with the fence it raises: a read, then a
+	// rewrite, would overwrite an older holder's record landing between
+	// them (a holder paused past its lease that finished), and run the
+	// period again.
+	val, err := j.Done.Fence(ctx, key, lease.Token())
+	if err != nil {
 		// Also when the claim is not on the replicas (ErrNotReplicated):
 		// fn does not run under a claim a failover may undo.
 		return false, fmt.Errorf("herd: job %q: claim the period: %w", j.Name, err)
+	}
+	if done, err := j.periodDone(val, start); err != nil || done {
+		return false, err
 	}
 
 	lease.KeepAlive(maxHold)
@@ -290,14 +299,21 @@ func (j *Job) record(ctx context.Context, key string, start time.Time) (val []by
 	if err != nil {
 		return nil, false, fmt.Errorf("herd: job %q: read the record: %w", j.Name, err)
 	}
+	done, err = j.periodDone(val, start)
+	return val, done, err
+}
+
+// periodDone reports whether val, the record's value, says the period
+// that begins at start (or a later one) is done.
+func (j *Job) periodDone(val []byte, start time.Time) (bool, error) {
 	if len(val) == 0 { // claimed, never completed
-		return val, false, nil
+		return false, nil
 	}
 	last, err := strconv.ParseInt(string(val), 10, 64)
 	if err != nil {
-		return nil, false, fmt.Errorf("herd: job %q: record %q is not a period start: %w", j.Name, val, err)
+		return false, fmt.Errorf("herd: job %q: record %q is not a period start: %w", j.Name, val, err)
 	}
-	return val, last >= start.UnixNano(), nil
+	return last >= start.UnixNano(), nil
 }
 
 // lostBefore reports whether lease is known lost or past its deadline.

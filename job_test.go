@@ -516,3 +516,78 @@ func TestJobRunsOncePerPeriodAcrossAFailover(t *testing.T) {
 		})
 	}
 }
+
+// lateRecord is a record store whose second call (a Run's first under the
+// lock) is followed, once it returns, by an older holder's record: A
+// claimed the period, paused past its lease and finished just as B took
+// the lock.
+type lateRecord struct {
+	FencedRecords
+	calls  atomic.Int64
+	record func() // A's record
+}
+
+func (s *lateRecord) after() {
+	if s.calls.Add(1) == 2 {
+		s.record()
+	}
+}
+
+func (s *lateRecord) Get(ctx context.Context, key string) ([]byte, uint64, error) {
+	defer s.after()
+	return s.FencedRecords.Get(ctx, key)
+}
+
+func (s *lateRecord) Set(ctx context.Context, key string, token uint64, val []byte, ttl time.Duration) error {
+	defer s.after()
+	return s.FencedRecords.Set(ctx, key, token, val, ttl)
+}
+
+func (s *lateRecord) Fence(ctx context.Context, key string, token uint64) ([]byte, error) {
+	defer s.after()
+	return s.FencedRecords.Fence(ctx, key, token)
+}
+
+// TestJobRecordLandingAsTheNextHolderClaimsIsNotRunAgain: an older
+// holder's record that lands just as the next holder takes the lock is
+// either refused (ErrFenced: the period is the new holder's) or seen by
+// the new holder's claim, which then does not run the period again. A
+// claim that read the record and then rewrote it with the new token
+// overwrote such a record and ran the period a second time.
+func TestJobRecordLandingAsTheNextHolderClaimsIsNotRunAgain(t *testing.T) {
+	t.Parallel()
+	r := newJobRig(t)
+	ctx := context.Background()
+	j := r.job(t)
+	key := j.Name + ":done"
+	start := r.now.Load().Truncate(time.Hour)
+	// A: took the lock, claimed the period, and lost its lease.
+	a, err := r.locks.TryAcquire(ctx, j.Name, time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.done.Fence(ctx, key, a.Token()); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var aErr error
+	j.Done = &lateRecord{FencedRecords: r.done, record: func() {
+		aErr = r.done.Set(ctx, key, a.Token(), []byte(strconv.FormatInt(start.UnixNano(), 10)), 0)
+	}}
+	var runs atomic.Int64
+	ran, err := j.Run(ctx, counting(&runs, nil))
+	switch {
+	case aErr == nil && (ran || runs.Load() != 0 || err != nil):
+		t.Errorf("B ran the period (ran %v, %d runs, err %v) after A's record of it was accepted", ran, runs.Load(), err)
+	case aErr != nil && !errors.Is(aErr, ErrFenced):
+		t.Fatalf("A's record: %v, want nil or ErrFenced", aErr)
+	case aErr != nil && (!ran || err != nil):
+		t.Errorf("B: ran %v, err %v after A's record was refused; want the period run and recorded", ran, err)
+	}
+	val, tok, err := r.done.Get(ctx, key)
+	if err != nil || string(val) != strconv.FormatInt(start.UnixNano(), 10) || tok < a.Token() {
+		t.Errorf("record %q token %d (%v), want the period recorded", val, tok, err)
+	}
+}

@@ -215,7 +215,7 @@ func TestModelLease(t *testing.T) {
 
 // TestModelScriptConformance: one sequence of raw script calls (the
 // acquire modes and retries, extend, commit current/retried/fenced,
-// release own/retried/foreign, Set, Invalidate, fenced set) on miniredis,
+// release own/retried/foreign, Set, Invalidate, fenced set, fence) on miniredis,
 // a real redis-server and a real 3-master cluster. Each result is reduced
 // to its shape (status codes kept, tokens and times abstracted): every
 // backend must give the same shapes, and the ones listed.
@@ -248,6 +248,9 @@ func TestModelScriptConformance(t *testing.T) {
 		"acquire miss mode, an older leader's failure: [1 num]",
 		"fenced set: [1 num]",
 		"fenced set lower: [0 num]",
+		"fence: [1 str]",
+		"fence lower: [0 num]",
+		"fenced set after a fence, lower: [0 num]",
 		"get missing: redis.Nil",
 	}
 	var first []string
@@ -337,6 +340,9 @@ func scriptShapes(t *testing.T, rdb redis.UniversalClient) []string {
 	rdb.Del(ctx, k.Lease)
 	run("fenced set", fencedSetScript, []string{k.Record}, "100", "a", 0)
 	run("fenced set lower", fencedSetScript, []string{k.Record}, "99", "b", 0)
+	run("fence", fenceScript, []string{k.Record}, "101")
+	run("fence lower", fenceScript, []string{k.Record}, "100")
+	run("fenced set after a fence, lower", fencedSetScript, []string{k.Record}, "100", "c", 0)
 	_, err := rdb.Get(ctx, k.Lease).Result()
 	out = append(out, "get missing: "+shape(nil, err))
 	return out
