@@ -21,8 +21,9 @@ import (
 // benchBody is a typical small JSON response.
 var benchBody = []byte(`{"id":42,"name":"Widget","price":"19.99","tags":["blue","small"],"description":"` + strings.Repeat("x", 900) + `"}`)
 
-// BenchmarkHitOverhead compares, in-process (httptest.NewRecorder and
-// direct ServeHTTP calls, no network), the bare handler with the same
+// BenchmarkHitOverhead compares, in-process (direct ServeHTTP calls into
+// a writer that discards what it gets, as net/http's sends it: no
+// network, and no copy of the header as httptest's recorder makes), the bare handler with the same
 // handler behind the middleware on a hit, and a raw Redis GET of a value
 // of the same size: what a hit costs beyond the one round trip it needs.
 func BenchmarkHitOverhead(b *testing.B) {
@@ -38,8 +39,7 @@ func BenchmarkHitOverhead(b *testing.B) {
 	b.Run("bare", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, req)
+			h.ServeHTTP(newDiscard(), req)
 		}
 	})
 
@@ -57,8 +57,7 @@ func BenchmarkHitOverhead(b *testing.B) {
 		}
 		b.ReportAllocs()
 		for b.Loop() {
-			rec := httptest.NewRecorder()
-			mw.ServeHTTP(rec, req)
+			mw.ServeHTTP(newDiscard(), req)
 		}
 	})
 
@@ -76,8 +75,7 @@ func BenchmarkHitOverhead(b *testing.B) {
 		}
 		b.ReportAllocs()
 		for b.Loop() {
-			rec := httptest.NewRecorder()
-			mw.ServeHTTP(rec, req)
+			mw.ServeHTTP(newDiscard(), req)
 		}
 	})
 
@@ -95,6 +93,14 @@ func BenchmarkHitOverhead(b *testing.B) {
 		}
 	})
 }
+
+// discard is a ResponseWriter that keeps nothing but the header map.
+type discard struct{ h http.Header }
+
+func newDiscard() *discard                     { return &discard{h: make(http.Header)} }
+func (d *discard) Header() http.Header         { return d.h }
+func (d *discard) WriteHeader(int)             {}
+func (d *discard) Write(p []byte) (int, error) { return len(p), nil }
 
 // BenchmarkHotURL puts a slow handler (20 ms, a database query) on an
 // httptest server and has many parallel clients request one hot URL

@@ -201,11 +201,14 @@ func (h *handler) pack(e *entry) (packed, string) {
 // not a response herd can serve: its gzip body does not decode within
 // MaxBodyBytes.
 func (h *handler) variant(r *http.Request, e *entry, plain []byte) (*entry, error) {
-	if h.cfg.encodingKeyed || contentCoding(e.header) != "gzip" {
+	if h.cfg.encodingKeyed {
+		return e, nil
+	}
+	if f := e.facts; f != nil && f.coding != "gzip" || f == nil && contentCoding(e.header) != "gzip" {
 		return e, nil
 	}
 	v := &entry{status: e.status, header: maps.Clone(e.header), body: e.body}
-	if parseAcceptEncoding(r.Header.Values("Accept-Encoding"))&acceptsGzip != 0 {
+	if parseAcceptEncoding(r.Header["Accept-Encoding"])&acceptsGzip != 0 {
 		if tag := headerGet(e.header, "Etag"); tag != "" {
 			deleteAnyCase(v.header, "Etag")
 			v.header["Etag"] = []string{gzipETag(tag)}

@@ -147,7 +147,7 @@ const (
 // bucket is what r's Accept-Encoding adds to its key, and the
 // Accept-Encoding the handler is shown when it builds the entry.
 func (h *handler) bucket(r *http.Request) (key, shown string) {
-	a := parseAcceptEncoding(r.Header.Values("Accept-Encoding"))
+	a := parseAcceptEncoding(r.Header["Accept-Encoding"])
 	if !h.cfg.encodingKeyed {
 		// One entry for all: the handler is shown what its own client
 		// accepts of gzip, so that what streams past the cache to that
@@ -181,7 +181,7 @@ func (h *handler) encodingKey(r *http.Request) string {
 // r itself when that changes nothing.
 func (h *handler) handlerRequest(r *http.Request) *http.Request {
 	req := withoutConditionals(r)
-	if len(req.Header.Values("Range")) > 0 {
+	if len(req.Header["Range"]) > 0 {
 		// The standard mode's one Range of a GET: the entry is the whole
 		// response (ranges.go).
 		if req == r {

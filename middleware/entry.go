@@ -22,6 +22,27 @@ type entry struct {
 	// its header's slices, and write may hand them to the response as
 	// they are.
 	owned bool
+	// facts of header, found once per header block the memo keeps (see
+	// entryMemo): set only when known.
+	facts *headerFacts
+}
+
+// headerFacts is what a hit needs of a stored header beyond its fields,
+// computed once per header block instead of on every hit.
+type headerFacts struct {
+	age     time.Duration // storedAge(header)
+	trailer bool          // header has a Trailer field, in any case
+	coding  string        // contentCoding(header)
+}
+
+func factsOf(h http.Header) *headerFacts {
+	f := &headerFacts{age: storedAge(h), coding: contentCoding(h)}
+	for name := range h {
+		if len(name) == len("Trailer") && strings.EqualFold(name, "Trailer") {
+			f.trailer = true
+		}
+	}
+	return f
 }
 
 // The stored form: 'H', version 1, status (uint16), the number of header
@@ -447,14 +468,18 @@ func precondition(r *http.Request, e *entry) int {
 	if e.status/100 != 2 {
 		return 0
 	}
+	h := r.Header
+	if len(h["If-Match"])+len(h["If-None-Match"])+len(h["If-Modified-Since"])+len(h["If-Unmodified-Since"]) == 0 {
+		return 0 // most requests: no conditional field
+	}
 	// modifiedAfter reports whether e was last modified after the date in
 	// the request field (false when either date is missing or invalid).
 	modifiedAfter := func(field string) (after, ok bool) {
-		v := r.Header.Get(field)
-		if v == "" {
+		vs := h[field] // field is canonical
+		if len(vs) == 0 || vs[0] == "" {
 			return false, false
 		}
-		t, err := http.ParseTime(v)
+		t, err := http.ParseTime(vs[0])
 		if err != nil {
 			return false, false
 		}
@@ -464,7 +489,7 @@ func precondition(r *http.Request, e *entry) int {
 		}
 		return lm.After(t), true
 	}
-	if im := r.Header.Values("If-Match"); len(im) > 0 {
+	if im := r.Header["If-Match"]; len(im) > 0 {
 		if !etagMatchStrong(strings.Join(im, ","), headerGet(e.header, "Etag")) {
 			return http.StatusPreconditionFailed
 		}
@@ -474,7 +499,7 @@ func precondition(r *http.Request, e *entry) int {
 	if e.status != http.StatusOK {
 		return 0
 	}
-	if inm := r.Header.Values("If-None-Match"); len(inm) > 0 {
+	if inm := r.Header["If-None-Match"]; len(inm) > 0 {
 		if etagMatch(strings.Join(inm, ","), headerGet(e.header, "Etag")) {
 			return http.StatusNotModified
 		}

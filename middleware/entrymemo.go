@@ -39,6 +39,7 @@ type memoized struct {
 	head   []byte // the stored form up to the body
 	status int
 	header http.Header // shared: read only
+	facts  *headerFacts
 }
 
 func newEntryMemo() *entryMemo { return &entryMemo{seed: maphash.MakeSeed()} }
@@ -50,7 +51,7 @@ func newEntryMemo() *entryMemo { return &entryMemo{seed: maphash.MakeSeed()} }
 func (m *entryMemo) decode(key string, p []byte) (*entry, error) {
 	slot := &m.slots[maphash.String(m.seed, key)%memoSlots]
 	if d := slot.Load(); d != nil && d.key == key && bytes.HasPrefix(p, d.head) {
-		return &entry{status: d.status, header: d.header, body: p[len(d.head):]}, nil
+		return &entry{status: d.status, header: d.header, body: p[len(d.head):], facts: d.facts}, nil
 	}
 	e, err := decodeEntry(p)
 	if err != nil {
@@ -61,7 +62,8 @@ func (m *entryMemo) decode(key string, p []byte) (*entry, error) {
 		return e, nil // owned: decoded for this request alone
 	}
 	head := bytes.Clone(p[:n])
-	slot.Store(&memoized{key: key, head: head, status: e.status, header: e.header})
+	e.facts = factsOf(e.header)
+	slot.Store(&memoized{key: key, head: head, status: e.status, header: e.header, facts: e.facts})
 	e.owned = false // the memo holds its header now
 	return e, nil
 }

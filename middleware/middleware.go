@@ -451,7 +451,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key = h.classKey(r) + key
-	if h.cfg.Standard && parseDirectives(r.Header.Values("Cache-Control")).has("only-if-cached") {
+	if h.cfg.Standard && parseDirectives(r.Header["Cache-Control"]).has("only-if-cached") {
 		h.onlyIfCached(w, r, key)
 		return
 	}
@@ -558,7 +558,7 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 	if r.ContentLength != 0 || len(r.TransferEncoding) > 0 {
 		return "", BypassBody
 	}
-	if rs := r.Header.Values("Range"); len(rs) > 0 && !(h.cfg.Standard && r.Method == http.MethodGet && len(rs) == 1) {
+	if rs := r.Header["Range"]; len(rs) > 0 && !(h.cfg.Standard && r.Method == http.MethodGet && len(rs) == 1) {
 		// In the standard mode one Range of a GET is served from the
 		// whole response (ranges.go).
 		return "", BypassRange
@@ -613,8 +613,8 @@ func (h *handler) keyOrBypass(r *http.Request) (key, bypass string) {
 // and the options say the others do not change a response.
 // Authorization still is. rh is r's scanHeaders.
 func (h *handler) unkeyedCredentials(r *http.Request, rh requestHeaders) bool {
-	return (!h.cfg.authKeyed && len(r.Header.Values("Authorization")) > 0) ||
-		(!h.cfg.cookieKeyed && !h.cfg.cookiesDeclared && len(r.Header.Values("Cookie")) > 0) ||
+	return (!h.cfg.authKeyed && len(r.Header["Authorization"]) > 0) ||
+		(!h.cfg.cookieKeyed && !h.cfg.cookiesDeclared && len(r.Header["Cookie"]) > 0) ||
 		rh.identity ||
 		(r.TLS != nil && len(r.TLS.PeerCertificates) > 0)
 }
@@ -641,10 +641,10 @@ func (h *handler) scope(*http.Request) string {
 // a WebSocket handshake, h2c. Its answer is a 101 and a connection, never
 // a page to share, and a plain GET's page must not answer it.
 func isUpgrade(r *http.Request) bool {
-	if len(r.Header.Values("Upgrade")) > 0 {
+	if len(r.Header["Upgrade"]) > 0 {
 		return true
 	}
-	for _, v := range r.Header.Values("Connection") {
+	for _, v := range r.Header["Connection"] {
 		for tok := range strings.SplitSeq(v, ",") {
 			if strings.EqualFold(strings.TrimSpace(tok), "upgrade") {
 				return true
@@ -675,7 +675,9 @@ func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit
 		status = statusCollapsed
 	}
 	if hit.Outcome == herd.OutcomeHit || hit.Outcome == herd.OutcomeEarlyRefresh {
-		status += "; ttl=" + strconv.FormatInt(int64(time.Until(hit.Expires)/time.Second), 10)
+		var buf [64]byte
+		b := append(append(buf[:0], status...), "; ttl="...)
+		status = string(strconv.AppendInt(b, int64(time.Until(hit.Expires)/time.Second), 10))
 	}
 	age := max(time.Since(hit.WrittenAt), 0)
 	h.write(w, r, e, status, age, nil)
@@ -700,6 +702,7 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 	// body from having a Content-Length.
 	strip := !h.cfg.KeepTagHeaders
 	prefixed := false
+	trailer := e.facts == nil || e.facts.trailer // a Trailer field may be in dst below
 	for name := range dst {
 		if isRepresentationField(name) || strip && isTagField(name) {
 			delete(dst, name)
@@ -707,6 +710,9 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		}
 		if _, ok := cutTrailerPrefix(name); ok {
 			prefixed = true
+		}
+		if len(name) == len("Trailer") && strings.EqualFold(name, "Trailer") {
+			trailer = true
 		}
 	}
 	var backing []string // the copies of a shared entry's values, in one allocation
@@ -741,7 +747,11 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		dst[name] = vs
 	}
 	dst["Cache-Status"] = []string{status}
-	age += storedAge(e.header) // the Age it had when it was stored
+	if e.facts != nil { // the Age it had when it was stored
+		age += e.facts.age
+	} else {
+		age += storedAge(e.header)
+	}
 	dst["Age"] = []string{strconv.FormatInt(int64(age/time.Second), 10)}
 	if code := precondition(r, e); code != 0 {
 		for _, f := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
@@ -751,7 +761,7 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		return
 	}
 	code, body := h.servedRange(r, e, dst)
-	if (prefixed || len(declaredTrailers(dst)) > 0) && r.Method != http.MethodHead {
+	if (prefixed || trailer && len(declaredTrailers(dst)) > 0) && r.Method != http.MethodHead {
 		delete(dst, "Content-Length")
 	} else {
 		dst["Content-Length"] = []string{strconv.Itoa(len(body))}
