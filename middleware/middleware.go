@@ -715,13 +715,21 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 			trailer = true
 		}
 	}
-	var backing []string // the copies of a shared entry's values, in one allocation
+	// The copies of a shared entry's values and herd's three fields
+	// (Cache-Status, Age, Content-Length), in one allocation; each field
+	// gets a slice capped at its values, so that an append by an outer
+	// handler copies.
+	n := 3
 	if !e.owned {
-		n := 0
 		for _, vs := range e.header {
 			n += len(vs)
 		}
-		backing = make([]string, 0, n)
+	}
+	backing := make([]string, 0, n)
+	field := func(v string) []string {
+		backing = append(backing, v)
+		i := len(backing)
+		return backing[i-1 : i : i]
 	}
 	for name, vs := range e.header {
 		if _, trailer := cutTrailerPrefix(name); trailer || isPerUser(name) || strip && isTagField(name) {
@@ -746,13 +754,13 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		}
 		dst[name] = vs
 	}
-	dst["Cache-Status"] = []string{status}
+	dst["Cache-Status"] = field(status)
 	if e.facts != nil { // the Age it had when it was stored
 		age += e.facts.age
 	} else {
 		age += storedAge(e.header)
 	}
-	dst["Age"] = []string{strconv.FormatInt(int64(age/time.Second), 10)}
+	dst["Age"] = field(strconv.FormatInt(int64(age/time.Second), 10))
 	if code := precondition(r, e); code != 0 {
 		for _, f := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
 			dst.Del(f)
@@ -764,7 +772,7 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 	if (prefixed || trailer && len(declaredTrailers(dst)) > 0) && r.Method != http.MethodHead {
 		delete(dst, "Content-Length")
 	} else {
-		dst["Content-Length"] = []string{strconv.Itoa(len(body))}
+		dst["Content-Length"] = field(strconv.Itoa(len(body)))
 	}
 	w.WriteHeader(code)
 	if r.Method != http.MethodHead {
