@@ -50,7 +50,8 @@
 // that key. A bounded re-check with backoff ([Options.PollMin] to
 // [Options.PollMax], 50ms to 1s by default) covers the releases that
 // nobody announces: a holder whose process died (when the holder's
-// process saw its connection end, it announces it too), and the time the
+// process saw its connection end, or a lease that ran out found its
+// session already ended, it announces it too), and the time the
 // listening connection is down.
 //
 // # When Lost closes
