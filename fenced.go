@@ -114,7 +114,9 @@ func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []b
 // new holder that must know what its predecessors wrote: a Get and then
 // a Set with the new token could overwrite a write of an older token that
 // landed between them. A missing record is created, with an empty value
-// and no expiry. The errors are Set's: [ErrFenced] when a higher token
+// and no expiry; an existing one keeps its expiry, and its fence goes
+// with it when it expires (as for [FencedStore.Set]: the history lives
+// with the record; a Job's records never expire). The errors are Set's: [ErrFenced] when a higher token
 // has written (nothing changed), [ErrNotReplicated] when the replicas did
 // not confirm the raised fence, [ErrInvalidKey] for an empty key, and
 // ctx's error when ctx ends first.

@@ -151,6 +151,18 @@ func TestFenceKeepsTheValueAndRefusesOlderTokens(t *testing.T) {
 	if _, err := store.Fence(ctx, "", 1); !errors.Is(err, ErrInvalidKey) {
 		t.Errorf("Fence of an empty key: %v, want ErrInvalidKey", err)
 	}
+	// An existing record keeps its expiry (its fence goes with it).
+	timed := testKey(t) + "-ttl"
+	if err := store.Set(ctx, timed, 5, []byte("x"), time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Fence(ctx, timed, 6); err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := makeKeys(DefaultPrefix, timed)
+	if ttl := rdb.PTTL(ctx, keys.Record).Val(); ttl <= 0 || ttl > time.Hour {
+		t.Errorf("PTTL after Fence of a record set for an hour = %v, want its expiry kept", ttl)
+	}
 }
 
 // appUserACL is a common hardened Redis user: every command except the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/herdkit/herd"
@@ -33,6 +34,7 @@ type Lease struct {
 	conn     *pgx.Conn
 	watching chan struct{} // closed when the connection's watcher ends
 	life     lease.State   // deadline, Lost, release and watchdog
+	idle     atomic.Int64  // the longest idle limit (ns) sent for the session: how long after its last statement the server may keep it
 
 	rel sync.Mutex // serialises Release: a second call sees the first's outcome
 
@@ -54,6 +56,7 @@ func newLease(l *Locker, c *pgx.Conn, name string, key int64, token uint64, ttl 
 		watching: make(chan struct{}),
 	}
 	held.cond = sync.NewCond(&held.mu)
+	held.idle.Store(int64(ttl))
 	held.life.Init(ttl, start, deadline, nil, held.lose)
 	go held.watchConn()
 	return held
@@ -153,7 +156,7 @@ func (l *Lease) watchConn() {
 			pid := l.conn.PgConn().PID()
 			closeConn(l.conn)
 			l.markLost()
-			l.locker.hint(l.key, pid)
+			l.locker.hint(l.key, pid, time.Second)
 			return
 		}
 		l.busy = false
@@ -212,7 +215,10 @@ func (l *Lease) lose() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if freed, err := l.end(ctx, true); !freed || err != nil {
-		l.locker.hint(l.key, pid)
+		// The session may also be up but silent (a cut network): the
+		// server frees the lock once its idle limit passes, a drift
+		// allowance after this deadline, and hint waits for that.
+		l.locker.hint(l.key, pid, time.Second+min(lease.Drift(time.Duration(l.idle.Load())), hintMaxWait))
 	}
 }
 
@@ -259,6 +265,8 @@ func (l *Lease) extend(ctx context.Context, ttl time.Duration) error {
 	qctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
 	var closed bool // read while the statement has the connection: lose's unlock may use it next
+	for old := l.idle.Load(); int64(ttl) > old && !l.idle.CompareAndSwap(old, int64(ttl)); old = l.idle.Load() {
+	}
 	err := l.use(func(c *pgx.Conn) error {
 		_, err := c.Exec(qctx, "SELECT set_config('idle_session_timeout', $1, false)", strconv.FormatInt(ttl.Milliseconds(), 10))
 		closed = err != nil && c.IsClosed()

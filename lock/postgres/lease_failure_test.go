@@ -119,22 +119,17 @@ func TestCancelWhileTableCreationBlocks(t *testing.T) {
 	})
 }
 
-// TestLeaseWhoseSessionEndedBeforeItsDeadlineStillWakesWaiters: a lease
-// that runs out unlocks and announces the lock; when its session has
-// already ended by then (the server's idle limit fired before the
-// client's deadline, a restart), the unlock cannot run and the server
-// frees the lock silently. A waiter that re-checks once a minute must
-// still take the lock soon after, woken by the lease's announcement.
-func TestLeaseWhoseSessionEndedBeforeItsDeadlineStillWakesWaiters(t *testing.T) {
+// terminateInUnlock makes holder's leases' unlock statements fail: the
+// session is terminated, and gone, just before the statement. It runs
+// while the lease has its connection, so the lease's watcher cannot see
+// the session end: only the unlock's failure tells. ended is closed once
+// it ran.
+func terminateInUnlock(t *testing.T, holder *Locker) (ended <-chan struct{}) {
 	ctx := context.Background()
-	holder := newTestLocker(t, nil)
-	waiter := newTestLocker(t, &Options{PollMin: time.Minute, PollMax: time.Minute})
 	db := testConn(t)
-	ended := make(chan struct{})
+	done := make(chan struct{})
 	holder.beforeUnlock = func(c *pgx.Conn) {
-		// Runs while the lease has its connection, so its watcher cannot
-		// see the session end: only the unlock's failure tells.
-		defer close(ended)
+		defer close(done)
 		pid := int64(c.PgConn().PID())
 		if _, err := db.Exec(ctx, "SELECT pg_terminate_backend($1)", pid); err != nil {
 			t.Errorf("pg_terminate_backend(%d): %v", pid, err)
@@ -148,37 +143,88 @@ func TestLeaseWhoseSessionEndedBeforeItsDeadlineStillWakesWaiters(t *testing.T) 
 		}
 		t.Errorf("session %d still up 10s after pg_terminate_backend", pid)
 	}
+	return done
+}
+
+// waitFor starts an Acquire of name in waiter and returns its outcome.
+func waitFor(t *testing.T, waiter *Locker, name string) <-chan error {
+	t.Helper()
+	got := make(chan error, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	go func() {
+		l, err := waiter.Acquire(ctx, name, 10*time.Second)
+		if err == nil {
+			err = l.Release(context.Background())
+		}
+		got <- err
+	}()
+	listening(t)
+	return got
+}
+
+// woken fails unless the Acquire whose outcome is got takes the lock
+// within 10 s (its Locker re-checks once a minute: only an announcement
+// wakes it sooner).
+func woken(t *testing.T, got <-chan error, what string) {
+	t.Helper()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("waiting Acquire: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the waiter still waits 10s after %s: the lock was freed unannounced, and it re-checks once a minute", what)
+	}
+}
+
+// TestLeaseWhoseSessionEndedBeforeItsDeadlineStillWakesWaiters: a lease
+// that runs out unlocks and announces the lock; when its session has
+// already ended by then (the server's idle limit fired before the
+// client's deadline, a restart), the unlock cannot run and the server
+// frees the lock silently. A waiter that re-checks once a minute must
+// still take the lock soon after, woken by the lease's announcement, also
+// when the lease's Locker was closed meanwhile (its leases keep working).
+func TestLeaseWhoseSessionEndedBeforeItsDeadlineStillWakesWaiters(t *testing.T) {
+	for _, closed := range []bool{false, true} {
+		t.Run(map[bool]string{false: "open Locker", true: "closed Locker"}[closed], func(t *testing.T) {
+			holder := newTestLocker(t, nil)
+			waiter := newTestLocker(t, &Options{PollMin: time.Minute, PollMax: time.Minute})
+			ended := terminateInUnlock(t, holder)
+			name := testName(t)
+			held, err := holder.TryAcquire(context.Background(), name, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if closed {
+				holder.Close()
+			}
+			got := waitFor(t, waiter, name)
+			select {
+			case <-held.Lost():
+			case <-time.After(10 * time.Second):
+				t.Fatal("Lost() still open 10s after a 1s lease that nobody renewed")
+			}
+			<-ended
+			woken(t, got, "the lease ran out on an ended session")
+		})
+	}
+}
+
+// TestSessionEndedWhileHeldWakesWaitersAfterClose: a lease of a closed
+// Locker whose session ends while held (pg_terminate_backend) announces
+// the freed lock, as an open Locker's does (TestTerminatedHolder).
+func TestSessionEndedWhileHeldWakesWaitersAfterClose(t *testing.T) {
+	holder := newTestLocker(t, nil)
+	waiter := newTestLocker(t, &Options{PollMin: time.Minute, PollMax: time.Minute})
 	name := testName(t)
-	held, err := holder.TryAcquire(ctx, name, time.Second)
+	held, err := holder.TryAcquire(context.Background(), name, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		lease *Lease
-		err   error
-	}
-	got := make(chan result, 1)
-	go func() {
-		l, err := waiter.Acquire(ctx, name, 10*time.Second)
-		got <- result{l, err}
-	}()
-	listening(t)
-	select {
-	case <-held.Lost():
-	case <-time.After(10 * time.Second):
-		t.Fatal("Lost() still open 10s after a 1s lease that nobody renewed")
-	}
-	<-ended
-	select {
-	case r := <-got:
-		if r.err != nil {
-			t.Fatalf("waiting Acquire: %v", r.err)
-		}
-		if r.lease.Token() <= held.Token() {
-			t.Errorf("tokens %d then %d: not increasing", held.Token(), r.lease.Token())
-		}
-		r.lease.Release(ctx)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the waiter still waits 10s after the lease ran out on an ended session: the lock was freed unannounced, and it re-checks once a minute")
-	}
+	holder.Close()
+	got := waitFor(t, waiter, name)
+	terminate(t, held)
+	<-held.Lost()
+	woken(t, got, "a closed Locker's lease's session was terminated")
 }

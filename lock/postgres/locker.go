@@ -454,15 +454,17 @@ func (l *Locker) ensureTable(ctx context.Context) error {
 
 // hint announces, on a connection of the Locker's, that the lock on key
 // may be free: a lease's connection ended without a release. It first
-// waits, up to a second, until the server has ended that session (pid)
-// and so freed its locks, so that a waiter woken by it finds the lock
-// free.
-func (l *Locker) hint(key int64, pid uint32) {
-	if l.gate.Enter() != nil {
-		return
+// waits, up to wait, until the server has ended that session (pid) and so
+// freed its locks, so that a waiter woken by it finds the lock free. A
+// lease keeps working after Close, so a closed Locker announces too, on a
+// connection it closes after.
+func (l *Locker) hint(key int64, pid uint32, wait time.Duration) {
+	root := context.Background()
+	if l.gate.Enter() == nil {
+		defer l.gate.Leave()
+		root = l.gate.Root()
 	}
-	defer l.gate.Leave()
-	ctx, cancel := context.WithTimeout(l.gate.Root(), time.Second)
+	ctx, cancel := context.WithTimeout(root, wait)
 	defer cancel()
 	c, err := l.conn(ctx)
 	if err != nil {
@@ -470,7 +472,7 @@ func (l *Locker) hint(key int64, pid uint32) {
 	}
 	const q = "SELECT pg_notify($1, $2) FROM (SELECT 1) AS one " +
 		"WHERE NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = $3)"
-	wait := time.Millisecond
+	backoff := time.Millisecond
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -489,10 +491,14 @@ func (l *Locker) hint(key int64, pid uint32) {
 			l.putBack(c)
 			return
 		}
-		timer.Reset(wait)
-		wait = min(2*wait, 100*time.Millisecond)
+		timer.Reset(backoff)
+		backoff = min(2*backoff, 100*time.Millisecond)
 	}
 }
+
+// hintMaxWait bounds how long past a lease's deadline hint waits for a
+// silent session to end: a drift allowance, which is 1% of the lease.
+const hintMaxWait = time.Minute
 
 // Locker satisfies herd's lock interface.
 var _ herd.Lock[*Lease] = (*Locker)(nil)
