@@ -121,7 +121,7 @@ func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []b
 // not confirm the raised fence, [ErrInvalidKey] for an empty key, and
 // ctx's error when ctx ends first.
 func (s *FencedStore) Fence(ctx context.Context, key string, token uint64) ([]byte, error) {
-	v, err := s.write(ctx, "fence", key, token, fenceScript)
+	v, err := s.write(ctx, "fence", key, token, fencedSetScript, "", 0, "1")
 	if err != nil {
 		return nil, err
 	}

@@ -56,8 +56,6 @@ var (
 	softLua string
 	//go:embed scripts/fencedset.lua
 	fencedSetLua string
-	//go:embed scripts/fence.lua
-	fenceLua string
 	//go:embed scripts/tagadd.lua
 	tagAddLua string
 	//go:embed scripts/tagpurge.lua
@@ -89,7 +87,6 @@ var (
 	invalidateScript = newScript("invalidate", writes, invalidateLua)
 	softScript       = newScript("soft", writes, softLua)
 	fencedSetScript  = newScript("fencedset", writes, fencedSetLua)
-	fenceScript      = newScript("fence", writes, fenceLua)
 	tagAddScript     = newScript("tagadd", writes, tagAddLua)
 	tagPurgeScript   = newScript("tagpurge", writes, tagPurgeLua)
 	tagBumpScript    = newScript("tagbump", writes, tagBumpLua)
@@ -106,7 +103,7 @@ var (
 // allScripts lists every script, for the write path's guard test.
 var allScripts = []*script{
 	acquireScript, extendScript, releaseScript, commitScript, setScript,
-	invalidateScript, softScript, fencedSetScript, fenceScript, tagAddScript,
+	invalidateScript, softScript, fencedSetScript, tagAddScript,
 	tagPurgeScript, tagBumpScript, redlockAcquireScript, redlockRaiseScript,
 	redlockExtendScript, redlockReleaseScript, inspectScript, getScript,
 }
