@@ -130,6 +130,13 @@
 //     different servers cannot carry a session lock. In a Galera or Group
 //     Replication cluster, too, a named lock is held on one node only:
 //     every Locker of a key must connect to the same node.
+//   - A link that goes silent before a wait began (during an attempt's
+//     GET_LOCK(name, 0) or the token's statement): those
+//     statements wait as the driver does, bounded by the caller's context
+//     and the DSN's readTimeout and writeTimeout. Set them (or pass a
+//     context with a deadline): without them a statement on a link that
+//     drops packets waits for the operating system's TCP timeout, which
+//     takes minutes.
 //   - A frozen holder: the server frees its lock after its lease length
 //     rounded up to a second; when it resumes, its Lost closes at the
 //     next check, and its late writes carry an old token.
