@@ -57,22 +57,28 @@ func (c *Cache) hit(ctx context.Context, key, vkey string, behind bool) (val []b
 	}
 	env, done, pre, err := c.hitEnv(ctx, key, vkey, true, wires)
 	if !known {
-		// The score counts keys, not callers: a found key by the caller
-		// that marks it (not behind a cold read, whose ACQUIRE counts it),
-		// a missing one by the flight it starts (see Get).
-		switch present := (done && (err == nil || errors.Is(err, ErrNotFound))) || (pre != nil && pre.ok); {
-		case present:
-			if c.warm.mark(id) && !behind {
-				c.warm.found(true)
-			}
-		case pre != nil && pre.err == nil:
-			pre.unknown = true // a miss, or bytes that are not an envelope
-		}
+		c.countUnknown(id, done, err, pre, behind)
 	}
 	if !done || err != nil {
 		return nil, done, pre, err
 	}
 	return env.Payload, true, nil, nil
+}
+
+// countUnknown gives the cold-read score (coldread.go) the outcome of a
+// read of a key this process did not know, whose ID is id: done, err and
+// pre as hit or nearGet return them. The score counts keys, not callers:
+// a found key by the caller that marks it (not behind a cold read, whose
+// ACQUIRE counts it), a missing one by the flight it starts (see Get).
+func (c *Cache) countUnknown(id uint64, done bool, err error, pre *preRead, behind bool) {
+	switch present := (done && (err == nil || errors.Is(err, ErrNotFound))) || (pre != nil && pre.ok); {
+	case present:
+		if c.warm.mark(id) && !behind {
+			c.warm.found(true)
+		}
+	case pre != nil && pre.err == nil && pre != coldLook:
+		pre.unknown = true // a miss, or bytes that are not an envelope
+	}
 }
 
 // coldLook is the pre of a Get that did not read: its flight starts at
@@ -175,11 +181,23 @@ func valueKey(prefix, key string) (string, error) {
 	return string(b), nil
 }
 
-// lookup is Get's read before the flight: the near cache when it is on,
-// then, unless it answered or read for the flight, the hit path.
+// lookup is Get's read before the flight, after a near miss: the near
+// cache's fill when it is on, then, unless it answered or read for the
+// flight, the hit path. A key this process does not know, while cold
+// reads are on, skips both (coldread.go): the fill's GET is the read a
+// cold read saves. The fill's read of an unknown key counts for the score
+// as the hit path's does.
 func (c *Cache) lookup(ctx context.Context, key, vkey string) (val []byte, done bool, pre *preRead, err error) {
 	if c.near != nil {
+		id := warmID(vkey)
+		known := c.warm.known(id)
+		if !known && c.warm.cold() && !c.brk.troubled.Load() {
+			return nil, false, coldLook, nil
+		}
 		if val, done, pre, err = c.nearGet(ctx, key, vkey); done || pre != nil {
+			if !known {
+				c.countUnknown(id, done, err, pre, false)
+			}
 			return val, done, pre, err
 		}
 	}
