@@ -48,6 +48,7 @@ type Cache struct {
 	// readJobs hands a read to an idle reader goroutine (sharedread.go).
 	readJobs  chan *readCall
 	readStall time.Duration // readStall; tests lengthen it
+	genWait   time.Duration // genWait; tests lengthen it
 	local     chan struct{} // semaphore of MaxLocalLoads
 	brk       breaker
 	stats     counters
@@ -157,6 +158,7 @@ func New(rdb redis.UniversalClient, opt *Options) *Cache {
 		rand:       rand.Float64,
 		readJobs:   make(chan *readCall),
 		readStall:  readStall,
+		genWait:    genWait,
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	if cfg.near.on {

@@ -192,7 +192,7 @@ func (c *Cache) genResult(g genRead) generation {
 		return gen
 	}
 	if g.done != nil {
-		t := time.NewTimer(genWait)
+		t := time.NewTimer(c.genWait)
 		defer t.Stop()
 		select {
 		case <-g.done:
