@@ -1040,9 +1040,10 @@ func TestColdScoreCountsKeysNotCallers(t *testing.T) {
 // unknown key as the hit path's read does, so misses turn cold reads on
 // with the near cache serving too, and a cold read then skips the fill's
 // GET as it skips the hit path's (it failed CI when the near cache was
-// serving at the first Get: the fill's miss was not counted). A Get begun
-// after another process's Set (or Invalidate) returned never gets the
-// older value, from Redis or from process memory.
+// serving at the first Get: the fill's miss was not counted). Once another
+// process's Set (or Invalidate) has reached this process's near cache
+// (within Staleness, its documented bound), a Get never gets the older
+// value, from Redis or from process memory.
 func TestColdReadWithNearCache(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -1074,12 +1075,14 @@ func TestColdReadWithNearCache(t *testing.T) {
 		if err := w.Set(ctx, key, []byte("v2"), time.Hour); err != nil {
 			t.Fatal(err)
 		}
+		waitFor(t, 10*time.Second, "the Set's message to drop the near copy", func() bool { return !nearHas(c, key) })
 		if v, err := c.Get(ctx, key, time.Hour, noLoad(t)); err != nil || string(v) != "v2" {
 			t.Fatalf("Get %s after the Set = (%q, %v), want v2", key, v, err)
 		}
 		if err := w.Invalidate(ctx, key); err != nil {
 			t.Fatal(err)
 		}
+		waitFor(t, 10*time.Second, "the Invalidate's message to drop the near copy", func() bool { return !nearHas(c, key) })
 		var calls atomic.Int64
 		if v, err := c.Get(ctx, key, time.Hour, constLoader(&calls, "v3")); err != nil || string(v) != "v3" {
 			t.Fatalf("Get %s after the Invalidate = (%q, %v), want v3", key, v, err)
