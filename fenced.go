@@ -116,10 +116,10 @@ func (s *FencedStore) Set(ctx context.Context, key string, token uint64, val []b
 // landed between them. A missing record is created, with an empty value
 // and no expiry; an existing one keeps its expiry, and its fence goes
 // with it when it expires (as for [FencedStore.Set]: the history lives
-// with the record; a Job's records never expire). The errors are Set's: [ErrFenced] when a higher token
-// has written (nothing changed), [ErrNotReplicated] when the replicas did
-// not confirm the raised fence, [ErrInvalidKey] for an empty key, and
-// ctx's error when ctx ends first.
+// with the record; a Job's records never expire). The errors are Set's:
+// [ErrFenced] when a higher token has written (nothing changed),
+// [ErrNotReplicated] when the replicas did not confirm the raised fence,
+// [ErrInvalidKey] for an empty key, and ctx's error when ctx ends first.
 func (s *FencedStore) Fence(ctx context.Context, key string, token uint64) ([]byte, error) {
 	v, err := s.write(ctx, "fence", key, token, fencedSetScript, "", 0, "1")
 	if err != nil {

@@ -201,10 +201,7 @@ func (h *handler) pack(e *entry) (packed, string) {
 // not a response herd can serve: its gzip body does not decode within
 // MaxBodyBytes.
 func (h *handler) variant(r *http.Request, e *entry, plain []byte) (*entry, error) {
-	if h.cfg.encodingKeyed {
-		return e, nil
-	}
-	if f := e.facts; f != nil && f.coding != "gzip" || f == nil && contentCoding(e.header) != "gzip" {
+	if h.cfg.encodingKeyed || e.headerFacts().coding != "gzip" {
 		return e, nil
 	}
 	v := &entry{status: e.status, header: maps.Clone(e.header), body: e.body}

@@ -23,8 +23,16 @@ type entry struct {
 	// they are.
 	owned bool
 	// facts of header, found once per header block the memo keeps (see
-	// entryMemo): set only when known.
+	// entryMemo); nil: not found yet (use headerFacts).
 	facts *headerFacts
+}
+
+// headerFacts returns e's facts: the memo's, or found now.
+func (e *entry) headerFacts() *headerFacts {
+	if e.facts != nil {
+		return e.facts
+	}
+	return factsOf(e.header)
 }
 
 // headerFacts is what a hit needs of a stored header beyond its fields,

@@ -702,7 +702,8 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 	// body from having a Content-Length.
 	strip := !h.cfg.KeepTagHeaders
 	prefixed := false
-	trailer := e.facts == nil || e.facts.trailer // a Trailer field may be in dst below
+	facts := e.headerFacts()
+	trailer := facts.trailer // a Trailer field in dst, from e or already there
 	for name := range dst {
 		if isRepresentationField(name) || strip && isTagField(name) {
 			delete(dst, name)
@@ -755,11 +756,7 @@ func (h *handler) write(w http.ResponseWriter, r *http.Request, e *entry, status
 		dst[name] = vs
 	}
 	dst["Cache-Status"] = field(status)
-	if e.facts != nil { // the Age it had when it was stored
-		age += e.facts.age
-	} else {
-		age += storedAge(e.header)
-	}
+	age += facts.age // the Age it had when it was stored
 	dst["Age"] = field(strconv.FormatInt(int64(age/time.Second), 10))
 	if code := precondition(r, e); code != 0 {
 		for _, f := range []string{"Content-Type", "Content-Length", "Content-Encoding"} {
