@@ -561,9 +561,10 @@ func testKeepAliveRenews(t *testing.T, b backend) {
 	l := newTestLocker(t, b.rdb, nil)
 	key := testKey(t)
 	keys := mustKeys(t, key)
-	// A second's lease, so that a renewal lands within its last two
-	// thirds on a loaded machine (CI lost a 300ms one).
-	const ttl = time.Second
+	// A 2s lease, so that a renewal lands within its last two thirds on a
+	// loaded machine (CI lost a 300ms one; a 1s one on a Cluster once saw
+	// a renewal not land within 600ms).
+	const ttl = 2 * time.Second
 	a, err := l.TryAcquire(ctx, key, ttl)
 	if err != nil {
 		t.Fatal(err)
@@ -594,11 +595,12 @@ func testMaxHoldCap(t *testing.T, b backend) {
 	l := newTestLocker(t, b.rdb, nil)
 	key := testKey(t)
 	keys := mustKeys(t, key)
-	// A second's lease: a renewal must land within its last two thirds
-	// on a loaded machine (with 300ms, CI once saw the lease lost after
-	// 559ms of a 1s cap).
-	const ttl = time.Second
-	const maxHold = 3 * time.Second
+	// A 2s lease: a renewal must land within its last two thirds on a
+	// loaded machine (with 300ms, CI once saw the lease lost after 559ms
+	// of a 1s cap; with 1s, a full -race run of the package once saw a
+	// Cluster renewal not land within 600ms).
+	const ttl = 2 * time.Second
+	const maxHold = 5 * time.Second
 	a, err := l.TryAcquire(ctx, key, ttl)
 	if err != nil {
 		t.Fatal(err)
