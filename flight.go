@@ -784,14 +784,15 @@ type waiting struct {
 type lookWhy uint8
 
 const (
-	lookFirst lookWhy = iota // just subscribed: the value may have landed before
+	lookFirst lookWhy = iota // subscribed: the value may have landed before
 	lookRenew                // the budget ran out: does a holder still rebuild?
 	lookPoll                 // a poll, or a wake-up that did not answer
 )
 
 // follow starts waiting for another process's rebuild of the key: it
 // subscribes, then looks again (the value may have landed before the
-// subscription).
+// subscription): once the server has confirmed the subscription, when
+// the confirmation is still to come, else at once.
 func (f *flight) follow() state {
 	c := f.c
 	c.stats.waits.Add(1)
@@ -802,7 +803,7 @@ func (f *flight) follow() state {
 	if f.caller != nil {
 		subCtx = f.caller // Begin: the subscription waits no longer than its caller
 	}
-	sub, _, serr := c.notify.Subscribe(subCtx, f.keys.Channel)
+	sub, live, serr := c.notify.Subscribe(subCtx, f.keys.Channel)
 	if errors.Is(serr, ErrClosed) {
 		return f.done(nil, ErrClosed)
 	}
@@ -810,6 +811,16 @@ func (f *flight) follow() state {
 		w.sub, w.wake = sub, sub.C
 	}
 	w.notified = serr == nil
+	if w.notified && !live {
+		// The SUBSCRIBE is sent but not yet confirmed: a look now could
+		// still miss a value that lands before the server has it. The
+		// confirmation's notice makes the look that cannot miss it, so
+		// the wait starts now, on what the failed ACQUIRE told, and that
+		// notice is its first wake-up (one look, not one now and one at
+		// the confirmation).
+		f.arm()
+		return stWait
+	}
 	return stRead
 }
 
