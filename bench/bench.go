@@ -40,6 +40,7 @@ type settings struct {
 	Procs         int      `json:"procs"`
 	Callers       int      `json:"callers_per_proc"`
 	Waves         int      `json:"waves"`
+	WarmWave      bool     `json:"warm_wave"`
 	DurationS     float64  `json:"duration_s"`
 	HotDurationS  float64  `json:"hotkey_duration_s"`
 	WriteRate     float64  `json:"hotkey_write_rate_per_s"`
@@ -197,7 +198,7 @@ func run(ctx context.Context, cfg *config, stdout, stderr io.Writer) (*results, 
 		Command: cfg.Command, Started: started, Redis: rs.describe(), RedisSrc: rs.kind, RedisVer: rs.version,
 		Host: fmt.Sprintf("%s/%s, %d CPUs, %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version()),
 		Settings: settings{
-			Procs: cfg.Procs, Callers: cfg.Callers, Waves: cfg.Waves, DurationS: cfg.Duration.Seconds(),
+			Procs: cfg.Procs, Callers: cfg.Callers, Waves: cfg.Waves, WarmWave: cfg.WarmWave, DurationS: cfg.Duration.Seconds(),
 			HotDurationS: cfg.HotDuration.Seconds(), WriteRate: cfg.WriteRate,
 			OriginLatency: cfg.lat.String(), Keys: cfg.Keys, Zipf: cfg.Zipf, TTLS: cfg.TTL.Seconds(),
 			StaleForS: cfg.StaleFor.Seconds(), ThinkMs: ms(cfg.Think), ValueSize: cfg.ValueSize,
@@ -282,6 +283,12 @@ func (b *bench) phase(ctx context.Context, sc, st string) (*phaseResult, error) 
 	}
 	if _, err := b.fleet.await(ctx, 30*time.Second, nil); err != nil {
 		return nil, err
+	}
+	if sc == scCold && cfg.WarmWave {
+		if err := b.warmWave(ctx, sc); err != nil {
+			return nil, err
+		}
+		b.origin.begin(phase, st) // its origin call is not counted
 	}
 	srv0, conn0 := b.redis.serverCommands(ctx), b.redis.serverConnections(ctx)
 	b.hic.take()
@@ -531,6 +538,26 @@ func absInt(x int64) int64 {
 		return -x
 	}
 	return x
+}
+
+// warmWave runs one cold wave on a key of its own, before the measured
+// waves, and measures nothing of it. A fleet that has been serving for a
+// while has paid its one-off costs long ago: the Redis pool's connections
+// (which the setup opens for every strategy), a script's first run
+// (NOSCRIPT, then the whole script), a pub/sub connection, what a library
+// learned of its keys. The measured waves are then what a key that
+// expires in a running fleet costs; -warm-wave=false measures the first
+// wave of a fresh process too.
+func (b *bench) warmWave(ctx context.Context, sc string) error {
+	start := time.Now().Add(barrierLead)
+	if err := b.fleet.broadcast(command{Op: "warm-wave", Key: sc + ":warm", Start: start.UnixNano()}); err != nil {
+		return err
+	}
+	if _, err := b.fleet.await(ctx, b.cfg.CallTimeout+10*time.Second, nil); err != nil {
+		return err
+	}
+	time.Sleep(20 * time.Millisecond) // as between waves
+	return nil
 }
 
 // waves runs the cold waves: every caller of every process gets a fresh

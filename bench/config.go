@@ -56,6 +56,7 @@ const stallLease = time.Second
 // config is the parsed command line.
 type config struct {
 	Procs, Callers, Waves int
+	WarmWave              bool          // cold: one unmeasured wave first
 	Duration              time.Duration // steady
 	HotDuration           time.Duration // hotkey: -duration when given, else defaultHotDuration
 	WriteRate             float64       // hotkey: writes per second (0: none)
@@ -97,6 +98,7 @@ func parseFlags(args []string, errOut io.Writer) (*config, error) {
 	fs.IntVar(&c.Procs, "p", 4, "instance `processes` (each one a separate OS process)")
 	fs.IntVar(&c.Callers, "c", 64, "concurrent `callers` per process")
 	fs.IntVar(&c.Waves, "waves", 10, "cold waves (one fresh key per wave; also the stall scenario runs one wave)")
+	fs.BoolVar(&c.WarmWave, "warm-wave", true, "cold scenario: run one unmeasured wave first, so that the measured ones see a warm process (scripts loaded, pub/sub connected), as in a running fleet")
 	fs.DurationVar(&c.Duration, "duration", 10*time.Second, "measured length of the steady scenario, and of the hotkey scenario when given (else "+defaultHotDuration.String()+")")
 	fs.StringVar(&c.WriteRateFlag, "write-rate", "10/s", "hotkey scenario: how often the writer writes a new version of the key (`N/s`; 0 for never)")
 	fs.StringVar(&c.OriginLatency, "origin-latency", "50ms", "origin latency: a duration, uniform:MIN-MAX or exp:MEAN")

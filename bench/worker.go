@@ -102,6 +102,12 @@ func (w *worker) handle(cmd command) reply {
 		r.Op = "ready"
 	case "wave":
 		r.Op, r.Samples = "samples", w.wave(cmd)
+	case "warm-wave":
+		// A wave that is not measured: it warms what a service that has
+		// been running has warm (see bench.warmWave).
+		w.wave(cmd)
+		w.resetCounts()
+		r.Op = "ready"
 	case "load":
 		if cmd.Hot {
 			r.Op, r.Samples = "samples", w.hotLoad(cmd)
@@ -170,13 +176,19 @@ func (w *worker) setup(cmd command) error {
 	if err := <-errs; err != nil {
 		return err
 	}
+	w.resetCounts()
+	return nil
+}
+
+// resetCounts zeroes the Redis command and error counts: what came before
+// (the warm-up) is not measured.
+func (w *worker) resetCounts() {
 	w.cnt.cmds.Store(0)
 	w.cnt.errs.Store(0)
 	w.cnt.canceled.Store(0)
 	w.cnt.mu.Lock()
 	w.cnt.byErr = nil
 	w.cnt.mu.Unlock()
-	return nil
 }
 
 func (w *worker) teardown() *workerStat {
