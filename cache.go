@@ -227,6 +227,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		return val, err
 	}
 	for {
+		var open *atomic.Bool // a cold read's flight: may another cold read still join it?
 		run := func(pre *preRead) func() (any, error) {
 			return func() (any, error) {
 				done, ok := c.track()
@@ -238,18 +239,21 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 					c.warm.found(false) // once per flight, not per caller
 				}
 				keys, _ := makeKeys(c.cfg.Prefix, key) // valid: valueKey was
-				f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx}
+				f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx, open: open}
 				a := f.fly(stRead)
 				return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur}, a.err
 			}
 		}
 		var ch <-chan singleflight.Result
 		if pre == coldLook {
-			// A cold read starts the key's flight, or reads after all: a
-			// flight it did not see start may answer from a read older than
-			// a write this caller saw return.
-			var started bool
-			if ch, started = c.group.StartChan(key, run(pre)); !started {
+			// A cold read starts the key's flight, or joins one that
+			// another cold read started while its first look can still
+			// answer this caller (flight.closeJoins), or reads after all:
+			// another flight may answer from a read older than a write this
+			// caller saw return, or keep it waiting for a load that such a
+			// write has made moot.
+			open = new(atomic.Bool)
+			if ch = c.group.StartChan(key, open, run(pre)); ch == nil {
 				if val, done, pre, err = c.hit(ctx, key, vkey, true); done {
 					return val, err
 				}
@@ -266,6 +270,14 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		case r := <-ch:
 			res := r.Val.(*flightResult)
 			if !res.answers(joined, writes, r.Err) {
+				if pre == coldLook {
+					// A cold flight joined after its look was sent: read
+					// now, rather than in another cold flight that the
+					// others it answered would join late as well.
+					if val, done, pre, err = c.hit(ctx, key, vkey, true); done {
+						return val, err
+					}
+				}
 				continue
 			}
 			c.warm.mark(warmID(vkey)) // the next Get of key reads it first

@@ -10,7 +10,9 @@ import (
 // flight starts at the ACQUIRE, which returns the value when there is one
 // and takes the lease when there is none. A cold wave's leader then loads
 // after one round trip, not two (GET, then ACQUIRE), and a follower
-// process sends one ACQUIRE for all its callers instead of a GET first.
+// process sends one ACQUIRE for all its callers instead of a GET first:
+// the cold reads that come while it is on the wire join its flight (see
+// flight.closeJoins).
 //
 // Which reads go cold is decided per Cache from what unknown keys were
 // found to be: each one found in Redis lowers a score by 1, each one

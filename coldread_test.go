@@ -999,10 +999,13 @@ func (h *holdAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	}
 }
 
-// The score counts unknown keys, not callers. One key
-// another process filled, read by a burst of 30 callers while the cold
-// read's ACQUIRE is on the wire, is one found key: the score goes from
-// +8 to +7, and cold reads stay on.
+// The score counts unknown keys, not callers. One key another process
+// filled, read by a burst of 30 callers while the cold read's ACQUIRE is
+// on the wire, is one found key: the score goes from +8 to +7, and cold
+// reads stay on. The 29 join the cold read's flight; its ACQUIRE was
+// sent before they began, so its value is not current for them, and
+// they read the key (behind the flight, sharing their GETs) instead of
+// starting cold reads of their own.
 func TestColdScoreCountsKeysNotCallers(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
@@ -1014,25 +1017,80 @@ func TestColdScoreCountsKeysNotCallers(t *testing.T) {
 	c := newTestCache(t, rdb, nil)
 	missOnce(t, c, "first-miss")
 	c.warm.score.Store(coldMax)
-	c.readStall = time.Minute // the gathered read waits for the held one
+	c.readStall = time.Minute // a gathered read waits for the one on the wire
 	h := newHoldAcquire(false)
 	rdb.AddHook(h)
+	log, acq := &cmdLog{}, &acquireCounter{}
+	rdb.AddHook(log)
+	rdb.AddHook(acq)
+	const callers = 30
+	vals := make([][]byte, callers)
 	var wg sync.WaitGroup
-	wg.Go(func() { c.Get(context.Background(), "filled", time.Hour, noLoad(t)) })
+	wg.Go(func() { vals[0], _ = c.Get(context.Background(), "filled", time.Hour, noLoad(t)) })
 	<-h.held // the cold read's ACQUIRE is on the wire
-	vkey := mustKeys(t, "filled").Value
-	hold := newHoldHook(t, rdb, vkey, 1, false)
-	for range 29 {
-		wg.Go(func() { c.Get(context.Background(), "filled", time.Hour, noLoad(t)) })
+	for i := 1; i < callers; i++ {
+		wg.Go(func() { vals[i], _ = c.Get(context.Background(), "filled", time.Hour, noLoad(t)) })
 	}
-	<-hold.held // one caller's GET is on the wire
-	waitFor(t, 10*time.Second, "the other callers to gather behind it", func() bool { return gathering(c, vkey) == 28 })
-	hold.release()
-	waitFor(t, 10*time.Second, "the 29 callers to read", func() bool { return c.Stats().Hits >= 29 })
+	waitFlightJoiners(t, c, "filled", callers-1)
+	countCommands(log, acq)
 	close(h.release)
 	wg.Wait()
+	for i, v := range vals {
+		if string(v) != "v" {
+			t.Fatalf("caller %d got %q, want the stored value", i, v)
+		}
+	}
 	if s := c.warm.score.Load(); s != coldMax-1 {
 		t.Errorf("one found unknown key (30 callers) took the score from %d to %d, want %d; cold reads on: %v", coldMax, s, coldMax-1, c.warm.cold())
+	}
+	// How many GETs the 29 share depends on how far apart they wake (a
+	// gathered read waits for the one on the wire): at least one, and no
+	// cold read of their own.
+	if n := countCommands(log, acq); n.acquires != 1 || n.gets < 1 {
+		t.Errorf("30 callers of a found unknown key sent %d ACQUIREs and %d GETs, want 1 and at least 1", n.acquires, n.gets)
+	}
+}
+
+// Concurrent callers of a missing key in one process, started while the
+// cold read's ACQUIRE is on the wire, join its flight: the process sends
+// that one ACQUIRE and no GET, the loader runs once, and every caller
+// gets the committed value (the COMMIT was sent after they began).
+func TestCallersOfAColdMissJoinItsFlight(t *testing.T) {
+	t.Parallel()
+	srv := redistest.Start(t)
+	rdb := srv.Client(t)
+	c := newTestCache(t, rdb, nil)
+	missOnce(t, c, "first-miss")
+	h := newHoldAcquire(false)
+	rdb.AddHook(h)
+	log, acq := &cmdLog{}, &acquireCounter{}
+	rdb.AddHook(log)
+	rdb.AddHook(acq)
+	g := newGatedLoader("value")
+	close(g.gate)
+	const callers = 30
+	vals := make([][]byte, callers)
+	errs := make([]error, callers)
+	var wg sync.WaitGroup
+	wg.Go(func() { vals[0], errs[0] = c.Get(context.Background(), "k", time.Hour, g.load) })
+	<-h.held
+	for i := 1; i < callers; i++ {
+		wg.Go(func() { vals[i], errs[i] = c.Get(context.Background(), "k", time.Hour, g.load) })
+	}
+	waitFlightJoiners(t, c, "k", callers-1)
+	countCommands(log, acq)
+	close(h.release)
+	wg.Wait()
+	for i := range callers {
+		if errs[i] != nil || string(vals[i]) != "value" {
+			t.Fatalf("caller %d: (%q, %v)", i, vals[i], errs[i])
+		}
+	}
+	if n := g.calls.Load(); n != 1 {
+		t.Errorf("the loader ran %d times, want 1", n)
+	}
+	if n := countCommands(log, acq); n.acquires != 1 || n.gets != 0 {
+		t.Errorf("%d callers of a missing key sent %d ACQUIREs and %d GETs, want 1 and 0", callers, n.acquires, n.gets)
 	}
 }
 

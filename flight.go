@@ -58,6 +58,9 @@ type flight struct {
 	// cold is set while the flight's first look is a cold read's ACQUIRE
 	// (coldread.go), which counts the miss the skipped GET would have.
 	cold bool
+	// open, for a cold read's flight, lets other cold reads join it
+	// until closeJoins (nil: none may).
+	open *atomic.Bool
 
 	// The answer, for the callers once the flight is stDone. outcome is
 	// written in two places only: by enter, with the role of the state
@@ -304,6 +307,9 @@ func (f *flight) acquire() state {
 		r    attempted
 		err  error
 	)
+	if f.wait != nil {
+		f.closeJoins() // a follower's look: it answers only who joined before it
+	}
 	for i := range 3 {
 		sent, gr = time.Now(), c.newGenRead()
 		aw := awaiting{fence: f.awaited, after: f.retried}
@@ -323,6 +329,9 @@ func (f *flight) acquire() state {
 	}
 	landed := err == nil && r.lease == nil // a value is there
 	st := f.acquired(r, err, sent, ttl)
+	if st != stFollow {
+		f.closeJoins()
+	}
 	if f.cold {
 		// The first look of a cold read: it stands for the GET it skipped.
 		f.cold = false
@@ -361,6 +370,22 @@ func (f *flight) acquire() state {
 		return f.looked(f.pttl)
 	}
 	return st
+}
+
+// closeJoins ends the joining of a cold read's flight by other cold
+// reads (StartChan). A cold read that joins the flight has joined before
+// the look that answers it is sent, while the flight's first ACQUIRE is
+// on the wire or the follower's next look (the one its subscription's
+// confirmation starts) is to come. So it is closed before a follower's
+// look is sent, and when the first ACQUIRE did not find the lease held:
+// a cold read that joined while that one was on the wire may then get an
+// answer older than its start (a value, or a commit that a write fenced),
+// which Get takes as not current and reads the key instead; one that
+// joins a loading leader would wait out the load for that.
+func (f *flight) closeJoins() {
+	if f.open != nil {
+		f.open.Store(false)
+	}
 }
 
 // acquired is the step after an ACQUIRE sent at sent returned r and err,

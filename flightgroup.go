@@ -3,6 +3,7 @@ package herd
 import (
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 
 	"golang.org/x/sync/singleflight"
 )
@@ -23,6 +24,9 @@ type flightGroup struct {
 type flightCall struct {
 	waiters []func(singleflight.Result)
 	dups    int // waiters beyond the first
+	// open, for a call StartChan started, tells whether a cold read may
+	// still join it (see StartChan); the flight closes it.
+	open *atomic.Bool
 }
 
 // DoChan starts a call of fn for key in a new goroutine, unless one is
@@ -38,21 +42,31 @@ func (g *flightGroup) DoChan(key string, fn func() (any, error)) <-chan singlefl
 	return ch
 }
 
-// StartChan is DoChan for a caller that may not join a running call (a
-// cold read, which has not read the key: coldread.go): it starts a call
-// of fn when none is running, and otherwise reports false and starts
-// nothing.
-func (g *flightGroup) StartChan(key string, fn func() (any, error)) (<-chan singleflight.Result, bool) {
+// StartChan is DoChan for a cold read (coldread.go), which has not read
+// the key: it starts a call of fn when none is running, with open set
+// (the flight clears it), or joins a running call that another cold read
+// started while that one's open is set. It joins no other call, and
+// returns a nil channel then.
+func (g *flightGroup) StartChan(key string, open *atomic.Bool, fn func() (any, error)) <-chan singleflight.Result {
 	ch := make(chan singleflight.Result, 1)
+	deliver := func(r singleflight.Result) { ch <- r }
 	g.mu.Lock()
-	if g.m[key] != nil {
+	if call := g.m[key]; call != nil {
+		if call.open == nil || !call.open.Load() {
+			g.mu.Unlock()
+			return nil
+		}
+		call.dups++
+		call.waiters = append(call.waiters, deliver)
 		g.mu.Unlock()
-		return nil, false
+		return ch
 	}
-	call := g.startLocked(key, func(r singleflight.Result) { ch <- r })
+	call := g.startLocked(key, deliver)
+	open.Store(true)
+	call.open = open
 	g.mu.Unlock()
 	g.run(key, call, fn)
-	return ch, true
+	return ch
 }
 
 // run runs call, started for key, in a new goroutine.
