@@ -674,12 +674,13 @@ func (h *handler) serveHit(w http.ResponseWriter, r *http.Request, hit *herd.Hit
 	case herd.OutcomeFollower:
 		status = statusCollapsed
 	}
+	now := time.Now() // one clock read for the ttl and the age
 	if hit.Outcome == herd.OutcomeHit || hit.Outcome == herd.OutcomeEarlyRefresh {
 		var buf [64]byte
 		b := append(append(buf[:0], status...), "; ttl="...)
-		status = string(strconv.AppendInt(b, int64(time.Until(hit.Expires)/time.Second), 10))
+		status = string(strconv.AppendInt(b, int64(hit.Expires.Sub(now)/time.Second), 10))
 	}
-	age := max(time.Since(hit.WrittenAt), 0)
+	age := max(now.Sub(hit.WrittenAt), 0)
 	h.write(w, r, e, status, age, nil)
 }
 
