@@ -25,9 +25,16 @@ func TestSentinel(t *testing.T) {
 		if old == promoted {
 			t.Fatalf("failover %d: the master did not change (%s)", i, old.Addr())
 		}
+		epoch := s.mustEpoch(t)
 		s.WaitSettled(t)
 		if m := s.Master(t); m != promoted {
-			t.Fatalf("failover %d: master %s after settling, want %s", i, m.Addr(), promoted.Addr())
+			// Only a newer failover, which the Sentinels start by
+			// themselves on a loaded machine (CI once saw one after a
+			// kill), may move the master again.
+			if e := s.mustEpoch(t); e <= epoch {
+				t.Fatalf("failover %d: master %s after settling, want %s (epoch %d, then %d)", i, m.Addr(), promoted.Addr(), epoch, e)
+			}
+			t.Logf("failover %d: a later automatic failover moved the master from %s to %s", i, promoted.Addr(), m.Addr())
 		}
 		got, err := c.Get(ctx, "k").Int()
 		if err != nil || got != i {
