@@ -227,7 +227,7 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		return val, err
 	}
 	for {
-		var open *atomic.Bool // a cold read's flight: may another cold read still join it?
+		var gate *coldGate // a cold read's flight: which other cold reads may join it
 		run := func(pre *preRead) func() (any, error) {
 			return func() (any, error) {
 				done, ok := c.track()
@@ -239,26 +239,28 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 					c.warm.found(false) // once per flight, not per caller
 				}
 				keys, _ := makeKeys(c.cfg.Prefix, key) // valid: valueKey was
-				f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx, open: open}
+				f := &flight{c: c, key: key, keys: keys, ttl: ttl, load: load, refresh: load, pre: pre, from: ctx, joins: gate}
 				a := f.fly(stRead)
-				return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur}, a.err
+				return &flightResult{val: a.val, outcome: f.outcome, cur: f.cur, looked: f.lookedAt}, a.err
 			}
 		}
 		var ch <-chan singleflight.Result
+		coldJoined := false // this caller joined a cold flight another cold read started
 		if pre == coldLook {
 			// A cold read starts the key's flight, or joins one that
-			// another cold read started while its first look can still
-			// answer this caller (flight.closeJoins), or reads after all:
-			// another flight may answer from a read older than a write this
-			// caller saw return, or keep it waiting for a load that such a
-			// write has made moot.
-			open = new(atomic.Bool)
-			if ch = c.group.StartChan(key, open, run(pre)); ch == nil {
+			// another cold read started while a look that can answer this
+			// caller is still to come (flight.go, "Cold joins"), or reads
+			// after all: another flight may answer from a read older than a
+			// write this caller saw return, or keep it waiting for a load
+			// that such a write has made moot.
+			gate = new(coldGate)
+			if ch, coldJoined = c.group.StartChan(key, gate, run(pre)); ch == nil {
 				if val, done, pre, err = c.hit(ctx, key, vkey, true); done {
 					return val, err
 				}
 				continue
 			}
+			coldJoined = !coldJoined // StartChan reports started
 		} else {
 			ch = c.group.DoChan(key, run(pre))
 		}
@@ -268,6 +270,15 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 		case <-c.ctx.Done():
 			return nil, ErrClosed // Close: the flight ends when its Redis call does
 		case r := <-ch:
+			if coldJoined && (errors.Is(r.Err, errColdRejoin) || r.Val.(*flightResult).looked.Before(joined)) {
+				// A cold flight that sent no look after this caller joined
+				// it answers what Redis held before this caller began, or
+				// that it could not tell: read the key now.
+				if val, done, pre, err = c.hit(ctx, key, vkey, true); done {
+					return val, err
+				}
+				continue
+			}
 			res := r.Val.(*flightResult)
 			if !res.answers(joined, writes, r.Err) {
 				if pre == coldLook {

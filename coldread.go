@@ -12,7 +12,7 @@ import (
 // after one round trip, not two (GET, then ACQUIRE), and a follower
 // process sends one ACQUIRE for all its callers instead of a GET first:
 // the cold reads that come while it is on the wire join its flight (see
-// flight.closeJoins).
+// "Cold joins" in flight.go).
 //
 // Which reads go cold is decided per Cache from what unknown keys were
 // found to be: each one found in Redis lowers a score by 1, each one

@@ -1051,35 +1051,49 @@ func TestColdScoreCountsKeysNotCallers(t *testing.T) {
 	}
 }
 
-// Concurrent callers of a missing key in one process, started while the
-// cold read's ACQUIRE is on the wire, join its flight: the process sends
-// that one ACQUIRE and no GET, the loader runs once, and every caller
-// gets the committed value (the COMMIT was sent after they began).
+// Concurrent callers of a key that another process is rebuilding, started
+// while this process's cold read's ACQUIRE is on the wire, join its
+// flight: the process sends that ACQUIRE and the one its subscription's
+// confirmation starts, and no GET, and every caller gets the value the
+// other process commits. (In the leader's process, the callers that
+// joined while its ACQUIRE was on the wire read the key behind the load:
+// TestCallersBehindAColdFlightShareTheirGETs.)
 func TestCallersOfAColdMissJoinItsFlight(t *testing.T) {
 	t.Parallel()
 	srv := redistest.Start(t)
+	leader := newTestCache(t, srv.Client(t), psOptions("cj"))
+	g := newGatedLoader("value")
+	lead := make(chan error, 1)
+	go func() {
+		_, err := leader.Get(context.Background(), "k", time.Hour, g.load)
+		lead <- err
+	}()
+	g.waitEntered(t)
 	rdb := srv.Client(t)
-	c := newTestCache(t, rdb, nil)
+	c := newTestCache(t, rdb, psOptions("cj"))
 	missOnce(t, c, "first-miss")
 	h := newHoldAcquire(false)
 	rdb.AddHook(h)
 	log, acq := &cmdLog{}, &acquireCounter{}
 	rdb.AddHook(log)
 	rdb.AddHook(acq)
-	g := newGatedLoader("value")
-	close(g.gate)
 	const callers = 30
 	vals := make([][]byte, callers)
 	errs := make([]error, callers)
 	var wg sync.WaitGroup
-	wg.Go(func() { vals[0], errs[0] = c.Get(context.Background(), "k", time.Hour, g.load) })
+	wg.Go(func() { vals[0], errs[0] = c.Get(context.Background(), "k", time.Hour, noLoad(t)) })
 	<-h.held
 	for i := 1; i < callers; i++ {
-		wg.Go(func() { vals[i], errs[i] = c.Get(context.Background(), "k", time.Hour, g.load) })
+		wg.Go(func() { vals[i], errs[i] = c.Get(context.Background(), "k", time.Hour, noLoad(t)) })
 	}
 	waitFlightJoiners(t, c, "k", callers-1)
 	countCommands(log, acq)
 	close(h.release)
+	waitFor(t, 10*time.Second, "the follower's look after the confirmation", func() bool { return acq.n.Load() >= 2 })
+	close(g.gate)
+	if err := <-lead; err != nil {
+		t.Fatal(err)
+	}
 	wg.Wait()
 	for i := range callers {
 		if errs[i] != nil || string(vals[i]) != "value" {
@@ -1089,8 +1103,8 @@ func TestCallersOfAColdMissJoinItsFlight(t *testing.T) {
 	if n := g.calls.Load(); n != 1 {
 		t.Errorf("the loader ran %d times, want 1", n)
 	}
-	if n := countCommands(log, acq); n.acquires != 1 || n.gets != 0 {
-		t.Errorf("%d callers of a missing key sent %d ACQUIREs and %d GETs, want 1 and 0", callers, n.acquires, n.gets)
+	if n := countCommands(log, acq); n.acquires != 2 || n.gets != 0 {
+		t.Errorf("%d callers of a key another process rebuilds sent %d ACQUIREs and %d GETs, want 2 and 0", callers, n.acquires, n.gets)
 	}
 }
 

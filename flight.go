@@ -58,9 +58,12 @@ type flight struct {
 	// cold is set while the flight's first look is a cold read's ACQUIRE
 	// (coldread.go), which counts the miss the skipped GET would have.
 	cold bool
-	// open, for a cold read's flight, lets other cold reads join it
-	// until closeJoins (nil: none may).
-	open *atomic.Bool
+	// joins, for a cold read's flight, admits other cold reads until
+	// the flight closes it (see "Cold joins"; nil: none may join).
+	joins *coldGate
+	// lookedAt is when the flight's last ACQUIRE was sent: a cold read
+	// that joined later takes none of its answers (see Get).
+	lookedAt time.Time
 
 	// The answer, for the callers once the flight is stDone. outcome is
 	// written in two places only: by enter, with the role of the state
@@ -245,6 +248,7 @@ func (f *flight) goDown(cause error) state {
 func (f *flight) read() state {
 	c := f.c
 	if f.wait == nil && !c.brk.allow() {
+		f.joins.close(true) // no look at all (see Get)
 		return f.goDown(errBreakerOpen)
 	}
 	switch {
@@ -308,7 +312,7 @@ func (f *flight) acquire() state {
 		err  error
 	)
 	if f.wait != nil {
-		f.closeJoins() // a follower's look: it answers only who joined before it
+		f.joins.close(false) // a follower's look: it answers only who joined before it
 	}
 	for i := range 3 {
 		sent, gr = time.Now(), c.newGenRead()
@@ -327,10 +331,13 @@ func (f *flight) acquire() state {
 			return stDone
 		}
 	}
+	f.lookedAt = sent
 	landed := err == nil && r.lease == nil // a value is there
 	st := f.acquired(r, err, sent, ttl)
-	if st != stFollow {
-		f.closeJoins()
+	if f.wait == nil && st != stFollow {
+		// No later look will answer the cold reads that joined while this
+		// one was on the wire: they read the key now ("Cold joins").
+		f.joins.close(true)
 	}
 	if f.cold {
 		// The first look of a cold read: it stands for the GET it skipped.
@@ -372,21 +379,17 @@ func (f *flight) acquire() state {
 	return st
 }
 
-// closeJoins ends the joining of a cold read's flight by other cold
-// reads (StartChan). A cold read that joins the flight has joined before
-// the look that answers it is sent, while the flight's first ACQUIRE is
-// on the wire or the follower's next look (the one its subscription's
-// confirmation starts) is to come. So it is closed before a follower's
-// look is sent, and when the first ACQUIRE did not find the lease held:
-// a cold read that joined while that one was on the wire may then get an
-// answer older than its start (a value, or a commit that a write fenced),
-// which Get takes as not current and reads the key instead; one that
-// joins a loading leader would wait out the load for that.
-func (f *flight) closeJoins() {
-	if f.open != nil {
-		f.open.Store(false)
-	}
-}
+// Cold joins. Cold reads that join a cold read's flight (Get,
+// StartChan) came after its first ACQUIRE was sent, so only a later look
+// answers them: the look its subscription's confirmation starts, when
+// that ACQUIRE found the lease held. The flight's gate closes before that look is sent
+// (later cold reads read the key instead), and when the first ACQUIRE did
+// anything but follow (a value found, the lease won, Redis failing, the
+// breaker open): the joiners are then sent away at once to read the key
+// themselves, rather than kept waiting for a load that a write they saw
+// return may have made moot. A joiner whose flight ends without a look
+// sent after it joined (a budget spent before the confirmation, a
+// wake-up message merged with it) reads the key too: lookedAt.
 
 // acquired is the step after an ACQUIRE sent at sent returned r and err,
 // for Get's flight (acquire) and GetMany's batch (acquireMany) alike. It
@@ -610,6 +613,7 @@ type flightResult struct {
 	val     []byte
 	outcome Outcome
 	cur     currency
+	looked  time.Time   // when the flight's last ACQUIRE was sent (zero: none)
 	led     atomic.Bool // a caller has reported the flight's OutcomeLeader
 }
 

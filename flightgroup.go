@@ -1,9 +1,9 @@
 package herd
 
 import (
+	"errors"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
 
 	"golang.org/x/sync/singleflight"
 )
@@ -24,9 +24,56 @@ type flightGroup struct {
 type flightCall struct {
 	waiters []func(singleflight.Result)
 	dups    int // waiters beyond the first
-	// open, for a call StartChan started, tells whether a cold read may
-	// still join it (see StartChan); the flight closes it.
-	open *atomic.Bool
+	// gate, for a call StartChan started, lets other cold reads join it
+	// until the flight closes it (see coldGate).
+	gate *coldGate
+}
+
+// callers counts the callers waiting for call: its waiters and the cold
+// reads its gate admitted. Under the group's mutex.
+func (c *flightCall) callers() int {
+	n := len(c.waiters)
+	if c.gate != nil {
+		n += len(c.gate.joiners)
+	}
+	return n
+}
+
+// coldGate is how a cold read's flight (coldread.go) admits other cold
+// reads of its key: while open, StartChan adds them as joiners; the
+// flight closes it before any look that would not answer them, and may
+// then send them away at once (errColdRejoin) to read the key
+// themselves. Its fields are guarded by the group's mutex.
+type coldGate struct {
+	g       *flightGroup
+	call    *flightCall
+	open    bool
+	joiners []func(singleflight.Result) // delivered with the call's result, unless sent away
+}
+
+// errColdRejoin is what a cold read that joined a cold flight gets when
+// the flight cannot answer it: it reads the key itself (see Get).
+var errColdRejoin = errors.New("herd: internal: a cold flight's joiner must read the key itself")
+
+// close stops admitting cold reads; with away, the ones admitted so far
+// leave the call at once with errColdRejoin. Nil-safe: a flight that no
+// cold read started has no gate.
+func (j *coldGate) close(away bool) {
+	if j == nil || j.g == nil {
+		return
+	}
+	g := j.g
+	g.mu.Lock()
+	j.open = false
+	var out []func(singleflight.Result)
+	if away {
+		out, j.joiners = j.joiners, nil
+		j.call.dups -= len(out)
+	}
+	g.mu.Unlock()
+	for _, deliver := range out {
+		deliver(singleflight.Result{Err: errColdRejoin})
+	}
 }
 
 // DoChan starts a call of fn for key in a new goroutine, unless one is
@@ -43,30 +90,30 @@ func (g *flightGroup) DoChan(key string, fn func() (any, error)) <-chan singlefl
 }
 
 // StartChan is DoChan for a cold read (coldread.go), which has not read
-// the key: it starts a call of fn when none is running, with open set
-// (the flight clears it), or joins a running call that another cold read
-// started while that one's open is set. It joins no other call, and
-// returns a nil channel then.
-func (g *flightGroup) StartChan(key string, open *atomic.Bool, fn func() (any, error)) <-chan singleflight.Result {
-	ch := make(chan singleflight.Result, 1)
-	deliver := func(r singleflight.Result) { ch <- r }
+// the key: it starts a call of fn when none is running, with gate open
+// (the flight closes it), and reports started; or it joins a running
+// call whose gate is open. It joins no other call, and returns a nil
+// channel then.
+func (g *flightGroup) StartChan(key string, gate *coldGate, fn func() (any, error)) (ch <-chan singleflight.Result, started bool) {
+	c := make(chan singleflight.Result, 1)
+	deliver := func(r singleflight.Result) { c <- r }
 	g.mu.Lock()
 	if call := g.m[key]; call != nil {
-		if call.open == nil || !call.open.Load() {
+		if call.gate == nil || !call.gate.open {
 			g.mu.Unlock()
-			return nil
+			return nil, false
 		}
 		call.dups++
-		call.waiters = append(call.waiters, deliver)
+		call.gate.joiners = append(call.gate.joiners, deliver)
 		g.mu.Unlock()
-		return ch
+		return c, false
 	}
 	call := g.startLocked(key, deliver)
-	open.Store(true)
-	call.open = open
+	gate.g, gate.call, gate.open = g, call, true
+	call.gate = gate
 	g.mu.Unlock()
 	g.run(key, call, fn)
-	return ch
+	return c, true
 }
 
 // run runs call, started for key, in a new goroutine.
@@ -128,6 +175,11 @@ func (g *flightGroup) finish(key string, call *flightCall, v any, err error) {
 	}
 	waiters, shared := call.waiters, call.dups > 0
 	call.waiters = nil
+	if call.gate != nil {
+		call.gate.open = false
+		waiters = append(waiters, call.gate.joiners...)
+		call.gate.joiners = nil
+	}
 	g.mu.Unlock()
 	for _, deliver := range waiters {
 		deliver(singleflight.Result{Val: v, Err: err, Shared: shared})

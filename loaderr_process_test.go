@@ -268,7 +268,7 @@ func (w *cpWorker) markJoined(ctx context.Context, c *Cache, name, key string) {
 		call := c.group.m[key]
 		n := 0
 		if call != nil {
-			n = len(call.waiters)
+			n = call.callers()
 		}
 		c.group.mu.Unlock()
 		if n == w.g {

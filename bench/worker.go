@@ -91,6 +91,7 @@ type worker struct {
 	callers  int
 	timeout  time.Duration
 	think    time.Duration
+	herdBase *herd.Stats // herd's counters after the warm-up wave (nil: none ran)
 }
 
 func (w *worker) handle(cmd command) reply {
@@ -104,9 +105,11 @@ func (w *worker) handle(cmd command) reply {
 		r.Op, r.Samples = "samples", w.wave(cmd)
 	case "warm-wave":
 		// A wave that is not measured: it warms what a service that has
-		// been running has warm (see bench.warmWave).
+		// been running has warm (see bench.warmWave). herd's counters,
+		// which count from the Cache's start, are reported from here.
 		w.wave(cmd)
 		w.resetCounts()
+		w.herdBase = w.strat.HerdStats()
 		r.Op = "ready"
 	case "load":
 		if cmd.Hot {
@@ -195,9 +198,14 @@ func (w *worker) teardown() *workerStat {
 	if w.strat == nil {
 		return &workerStat{}
 	}
+	hs := w.strat.HerdStats()
+	if hs != nil && w.herdBase != nil {
+		subStats(hs, w.herdBase)
+	}
+	w.herdBase = nil
 	st := &workerStat{RedisCmds: w.cnt.cmds.Load(), RedisErrors: w.cnt.errs.Load(), RedisErrs: w.cnt.errorKinds(),
 		Canceled: w.cnt.canceled.Load(),
-		Herd:     w.strat.HerdStats()}
+		Herd:     hs}
 	_ = w.strat.Close()
 	_ = w.rdb.Close()
 	w.client.CloseIdleConnections()
