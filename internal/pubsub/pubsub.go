@@ -674,7 +674,14 @@ func (c *psConn) receive(ps *redis.PubSub) {
 					if !handled {
 						c.lost()
 					}
+					continue
 				}
+				// Another refusal (an ACL without rights on the channel, a
+				// MOVED from a stale slot map): a SUBSCRIBE that will never
+				// be confirmed, of a channel the reply does not name. Every
+				// subscriber of the connection looks now, rather than at
+				// its first poll.
+				c.wakeAll()
 			default:
 				pinged = false
 				c.lost()
@@ -698,6 +705,21 @@ func (c *psConn) receive(ps *redis.PubSub) {
 				c.deliver(m.Channel, Notice{Resub: true}, true)
 			}
 		}
+	}
+}
+
+// wakeAll sends a look notice (Resub, not a confirmation) to every
+// subscriber of the connection's channels.
+func (c *psConn) wakeAll() {
+	n := c.n
+	n.mu.Lock()
+	chans := make([]string, 0, len(c.topics))
+	for ch := range c.topics {
+		chans = append(chans, ch)
+	}
+	n.mu.Unlock()
+	for _, ch := range chans {
+		c.deliver(ch, Notice{Resub: true}, false)
 	}
 }
 
