@@ -102,36 +102,11 @@ func TestColdJoinerOfAWonLeaseReadsAWriteAtOnce(t *testing.T) {
 			if !c.warm.cold() || c.warm.known(warmID(mustKeys(t, key).Value)) {
 				t.Fatal("the test needs a cold read of the key")
 			}
-			type result struct {
-				v   []byte
-				err error
-			}
-			done := make(chan result, 1)
-			start := time.Now()
-			go func() {
-				ctx, cancel := context.WithTimeout(bg, 3*time.Second)
-				defer cancel()
-				v, err := c.Get(ctx, key, time.Hour, noLoad(t))
-				done <- result{v, err}
-			}()
-			var r result
-			joined := false
-			waitFor(t, 10*time.Second, "the second cold read to join the flight or return", func() bool {
-				select {
-				case r = <-done:
-					return true
-				default:
-				}
-				joined = FlightJoiners(c, key) >= 1 // it joined the flight whose reply is held
-				return joined
-			})
+			res := startJoiner(t, c, key, 3*time.Second)
 			close(h.release)
-			if joined {
-				r = <-done
-			}
-			t.Logf("joined the held flight: %v", joined)
+			r := res()
 			if r.err != nil || string(r.v) != "set" {
-				t.Fatalf("a cold read begun after the Set returned: (%q, %v) after %v; want the Set's value at once", r.v, r.err, time.Since(start).Round(time.Millisecond))
+				t.Fatalf("a cold read begun after the Set returned: (%q, %v) after %v; want the Set's value at once", r.v, r.err, r.took)
 			}
 		})
 	}
@@ -184,35 +159,41 @@ func TestColdJoinerOfAFollowerThatDidNotLookAgainReadsAWrite(t *testing.T) {
 	if err := w.Set(bg, key, []byte("set"), time.Hour); err != nil {
 		t.Fatal(err)
 	}
-	type result struct {
-		v   []byte
-		err error
-	}
-	done := make(chan result, 1)
-	start := time.Now()
-	go func() {
-		ctx, cancel := context.WithTimeout(bg, 10*time.Second)
-		defer cancel()
-		v, err := a.Get(ctx, key, time.Hour, noLoad(t))
-		done <- result{v, err}
-	}()
-	joined := false
-	var res result
-	waitFor(t, 10*time.Second, "the second cold read to join the flight or return", func() bool {
-		select {
-		case res = <-done:
-			return true
-		default:
-		}
-		joined = FlightJoiners(a, key) >= 1
-		return joined
-	})
-	if joined {
-		res = <-done
-	}
-	t.Logf("joined the follower's flight: %v", joined)
+	res := startJoiner(t, a, key, 10*time.Second)()
 	t.Logf("first cold read: %v", <-f1)
 	if res.err != nil || string(res.v) != "set" {
-		t.Fatalf("a cold read begun after the Set returned: (%q, %v) after %v; want the Set's value", res.v, res.err, time.Since(start).Round(time.Millisecond))
+		t.Fatalf("a cold read begun after the Set returned: (%q, %v) after %v; want the Set's value", res.v, res.err, res.took)
 	}
+}
+
+// joinerResult is what startJoiner's Get returned, and how long it took.
+type joinerResult struct {
+	v    []byte
+	err  error
+	took time.Duration
+}
+
+// startJoiner starts a Get of key in c, under timeout, and waits until it
+// has joined the key's running flight (it fails t if the Get returns
+// first: the test's case was not set up). The returned function waits for
+// the Get's result.
+func startJoiner(t *testing.T, c *Cache, key string, timeout time.Duration) func() joinerResult {
+	t.Helper()
+	done := make(chan joinerResult, 1)
+	start := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		v, err := c.Get(ctx, key, time.Hour, noLoad(t))
+		done <- joinerResult{v, err, time.Since(start).Round(time.Millisecond)}
+	}()
+	waitFor(t, 10*time.Second, "the cold read to join the running flight", func() bool {
+		select {
+		case r := <-done:
+			t.Fatalf("the cold read returned (%q, %v) before it joined the flight: the test did not set up its case", r.v, r.err)
+		default:
+		}
+		return FlightJoiners(c, key) >= 1
+	})
+	return func() joinerResult { return <-done }
 }
