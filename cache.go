@@ -254,13 +254,14 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			// write this caller saw return, or keep it waiting for a load
 			// that such a write has made moot.
 			gate = new(coldGate)
-			if ch, coldJoined = c.group.StartChan(key, gate, run(pre)); ch == nil {
+			var started bool
+			if ch, started = c.group.StartChan(key, gate, run(pre)); ch == nil {
 				if val, done, pre, err = c.hit(ctx, key, vkey, true); done {
 					return val, err
 				}
 				continue
 			}
-			coldJoined = !coldJoined // StartChan reports started
+			coldJoined = !started
 		} else {
 			ch = c.group.DoChan(key, run(pre))
 		}
@@ -282,9 +283,9 @@ func (c *Cache) Get(ctx context.Context, key string, ttl time.Duration, load Loa
 			res := r.Val.(*flightResult)
 			if !res.answers(joined, writes, r.Err) {
 				if pre == coldLook {
-					// A cold flight joined after its look was sent: read
-					// now, rather than in another cold flight that the
-					// others it answered would join late as well.
+					// A cold read's answer that is not current for it: read
+					// now, rather than in another cold flight, which could
+					// end the same way for the callers that join it.
 					if val, done, pre, err = c.hit(ctx, key, vkey, true); done {
 						return val, err
 					}

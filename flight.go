@@ -380,16 +380,17 @@ func (f *flight) acquire() state {
 }
 
 // Cold joins. Cold reads that join a cold read's flight (Get,
-// StartChan) came after its first ACQUIRE was sent, so only a later look
-// answers them: the look its subscription's confirmation starts, when
-// that ACQUIRE found the lease held. The flight's gate closes before that look is sent
-// (later cold reads read the key instead), and when the first ACQUIRE did
-// anything but follow (a value found, the lease won, Redis failing, the
-// breaker open): the joiners are then sent away at once to read the key
-// themselves, rather than kept waiting for a load that a write they saw
-// return may have made moot. A joiner whose flight ends without a look
-// sent after it joined (a budget spent before the confirmation, a
-// wake-up message merged with it) reads the key too: lookedAt.
+// StartChan) may have come after its first ACQUIRE was sent, so only a
+// later look answers them: the look its subscription's confirmation
+// starts, when that ACQUIRE found the lease held. The flight's gate
+// closes before that look is sent (later cold reads read the key
+// instead), and when the first ACQUIRE did anything but follow (a value
+// found, the lease won, Redis failing, the breaker open): the joiners are
+// then sent away at once to read the key themselves, rather than kept
+// waiting for a load that a write they saw return may have made moot. A
+// joiner whose flight ends without a look sent after it joined (a budget
+// spent before the confirmation, a wake-up message merged with it) reads
+// the key too: lookedAt.
 
 // acquired is the step after an ACQUIRE sent at sent returned r and err,
 // for Get's flight (acquire) and GetMany's batch (acquireMany) alike. It
